@@ -1,0 +1,545 @@
+/* fo_dump.c — flux-dump reader (see fo_dump.h).
+ *
+ * Only HDF5 API calls that mean the same in 1.10 and 1.12+ are used (H5Gget_info +
+ * H5Lget_name_by_idx instead of H5Literate, H5Oopen + H5Iget_type instead of H5Oget_info),
+ * so the oracle builds against whatever libhdf5 the distribution ships. */
+#include "fo_dump.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct fo_file {
+    char *path;
+    hid_t fid;
+    int version;
+    char *dtype, *config, *parallel, *producer;
+    int nsteps;
+    int *step_no;      /* [nsteps], ascending */
+    char (*step_name)[40]; /* [nsteps], "/step_0002" */
+};
+
+/* ---------- small HDF5 helpers ---------- */
+
+static herr_t vlen_reclaim(hid_t type, hid_t space, void *buf)
+{
+#if H5_VERSION_GE(1, 12, 0)
+    return H5Treclaim(type, space, H5P_DEFAULT, buf);
+#else
+    return H5Dvlen_reclaim(type, space, H5P_DEFAULT, buf);
+#endif
+}
+
+/* The innermost HDF5 error description ("unable to open file", "file signature not found"),
+ * so our one-line message can say why without HDF5 printing its stack. */
+static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
+{
+    if (n == 0 && err->desc) snprintf((char *)data, 256, "%s", err->desc);
+    return 0;
+}
+
+static const char *h5_cause(char buf[256])
+{
+    buf[0] = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, err_walk_cb, buf);
+    if (!buf[0]) snprintf(buf, 256, "HDF5 error");
+    return buf;
+}
+
+/* H5I type of the object at `path`, or -1 when some component is missing. Each prefix is
+ * checked with H5Lexists because H5Lexists on "a/b" fails (not 0) when "a" is missing. */
+static int obj_kind(hid_t loc, const char *path)
+{
+    size_t n = strlen(path);
+    if (n == 0) return -1;
+    char *p = malloc(n + 1);
+    if (!p) return -1;
+    memcpy(p, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char save = p[i];
+        p[i] = 0;
+        int ok = H5Lexists(loc, p, H5P_DEFAULT) > 0;
+        p[i] = save;
+        if (!ok) {
+            free(p);
+            return -1;
+        }
+    }
+    free(p);
+    hid_t o = H5Oopen(loc, path, H5P_DEFAULT);
+    if (o < 0) return -1;
+    int t = (int)H5Iget_type(o);
+    H5Oclose(o);
+    return t;
+}
+
+int fo_is_group(fo_file *f, const char *path)
+{
+    if (!strcmp(path, "/")) return 1;
+    return obj_kind(f->fid, path) == (int)H5I_GROUP;
+}
+
+int fo_is_dataset(fo_file *f, const char *path) { return obj_kind(f->fid, path) == (int)H5I_DATASET; }
+
+void fo_names_free(fo_names *l)
+{
+    if (!l) return;
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    l->n = 0;
+    l->v = NULL;
+}
+
+/* Reads every element of a string attribute (vlen or fixed-length, scalar or 1-D) into out.
+ * Returns 0, -1 when the attribute is not a string, -2 on an HDF5/memory error. The file's
+ * own type is the memory type: HDF5 does not convert between ASCII and UTF-8 character sets,
+ * and h5py writes UTF-8 while other producers write ASCII. */
+static int read_str_elems(hid_t attr, fo_names *out)
+{
+    int rc = -2;
+    hid_t type = H5Aget_type(attr), space = H5Aget_space(attr);
+    if (type < 0 || space < 0) goto done;
+    if (H5Tget_class(type) != H5T_STRING) {
+        rc = -1;
+        goto done;
+    }
+    hssize_t np = H5Sget_simple_extent_npoints(space);
+    if (np < 0) goto done;
+    out->v = calloc(np ? (size_t)np : 1, sizeof *out->v);
+    if (!out->v) goto done;
+    if (H5Tis_variable_str(type) > 0) {
+        char **buf = calloc(np ? (size_t)np : 1, sizeof *buf);
+        if (!buf) goto done;
+        if (np && H5Aread(attr, type, buf) < 0) {
+            free(buf);
+            goto done;
+        }
+        int ok = 1;
+        for (hssize_t i = 0; i < np; i++) {
+            out->v[i] = strdup(buf[i] ? buf[i] : "");
+            if (!out->v[i]) ok = 0;
+            out->n++;
+        }
+        if (np) vlen_reclaim(type, space, buf);
+        free(buf);
+        if (!ok) goto done;
+    } else {
+        size_t sz = H5Tget_size(type);
+        H5T_str_t pad = H5Tget_strpad(type);
+        char *buf = calloc((size_t)np * sz + 1, 1);
+        if (!buf || (np && H5Aread(attr, type, buf) < 0)) {
+            free(buf);
+            goto done;
+        }
+        int ok = 1;
+        for (hssize_t i = 0; i < np; i++) {
+            const char *s = buf + (size_t)i * sz;
+            size_t len = strnlen(s, sz);
+            if (pad == H5T_STR_SPACEPAD)
+                while (len && s[len - 1] == ' ') len--;
+            out->v[i] = strndup(s, len);
+            if (!out->v[i]) ok = 0;
+            out->n++;
+        }
+        free(buf);
+        if (!ok) goto done;
+    }
+    rc = 0;
+done:
+    if (rc) fo_names_free(out);
+    if (type >= 0) H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
+    return rc;
+}
+
+int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e)
+{
+    char cause[256];
+    *out = NULL;
+    if (!fo_is_group(f, obj) && obj_kind(f->fid, obj) < 0)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", f->path, obj);
+    htri_t ex = H5Aexists_by_name(f->fid, obj, name, H5P_DEFAULT);
+    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (ex == 0) return FS_OK;
+    hid_t a = H5Aopen_by_name(f->fid, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    fo_names l = {0};
+    int r = read_str_elems(a, &l);
+    H5Aclose(a);
+    if (r == -1) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a string", f->path, obj, name);
+    if (r) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", f->path, obj, name, h5_cause(cause));
+    if (l.n != 1) {
+        fo_names_free(&l);
+        return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %d strings, expected one", f->path, obj, name, l.n);
+    }
+    *out = l.v[0];
+    free(l.v);
+    return FS_OK;
+}
+
+int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e)
+{
+    char cause[256];
+    *found = 0;
+    if (!fo_is_group(f, obj) && obj_kind(f->fid, obj) < 0)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", f->path, obj);
+    htri_t ex = H5Aexists_by_name(f->fid, obj, name, H5P_DEFAULT);
+    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (ex == 0) return FS_OK;
+    hid_t a = H5Aopen_by_name(f->fid, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    hid_t t = H5Aget_type(a), s = H5Aget_space(a);
+    H5T_class_t cls = t >= 0 ? H5Tget_class(t) : H5T_NO_CLASS;
+    hssize_t np = s >= 0 ? H5Sget_simple_extent_npoints(s) : -1;
+    int rc = FS_OK;
+    if (cls != H5T_INTEGER && cls != H5T_FLOAT)
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a number", f->path, obj, name);
+    else if (np != 1)
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %lld values, expected one", f->path, obj, name,
+                     (long long)np);
+    else if (H5Aread(a, H5T_NATIVE_DOUBLE, out) < 0)
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", f->path, obj, name, h5_cause(cause));
+    else
+        *found = 1;
+    if (t >= 0) H5Tclose(t);
+    if (s >= 0) H5Sclose(s);
+    H5Aclose(a);
+    return rc;
+}
+
+/* ---------- open / close ---------- */
+
+typedef struct step_ent {
+    int no;
+    char name[40];
+} step_ent;
+
+static int cmp_step(const void *a, const void *b)
+{
+    int x = ((const step_ent *)a)->no, y = ((const step_ent *)b)->no;
+    return (x > y) - (x < y);
+}
+
+/* Finds the root's "step_<digits>" groups and sorts them by number: link order is creation
+ * order in our dumps but alphabetical in untracked ones, and step_10000 sorts before step_2000
+ * alphabetically. */
+static int list_steps(fo_file *f, fs_err *e)
+{
+    char cause[256];
+    H5G_info_t gi;
+    if (H5Gget_info(f->fid, &gi) < 0)
+        return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", f->path, h5_cause(cause));
+    step_ent *st = malloc((gi.nlinks ? gi.nlinks : 1) * sizeof *st);
+    if (!st) return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", f->path);
+    int n = 0;
+    for (hsize_t i = 0; i < gi.nlinks; i++) {
+        char name[64];
+        ssize_t len = H5Lget_name_by_idx(f->fid, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+        if (len < 0) {
+            free(st);
+            return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", f->path, h5_cause(cause));
+        }
+        /* At most 9 digits, so the number fits an int. */
+        if ((size_t)len >= sizeof name || strncmp(name, "step_", 5) || !name[5] || len > 5 + 9) continue;
+        if (strspn(name + 5, "0123456789") != strlen(name + 5)) continue;
+        snprintf(st[n].name, sizeof st[n].name, "/%.30s", name); /* name is at most 14 chars */
+        if (obj_kind(f->fid, st[n].name) != (int)H5I_GROUP) continue;
+        st[n].no = atoi(name + 5);
+        n++;
+    }
+    qsort(st, (size_t)n, sizeof *st, cmp_step);
+    f->step_no = malloc((n ? (size_t)n : 1) * sizeof *f->step_no);
+    f->step_name = malloc((n ? (size_t)n : 1) * sizeof *f->step_name);
+    if (!f->step_no || !f->step_name) {
+        free(st);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", f->path);
+    }
+    for (int i = 0; i < n; i++) {
+        f->step_no[i] = st[i].no;
+        memcpy(f->step_name[i], st[i].name, sizeof f->step_name[i]);
+    }
+    f->nsteps = n;
+    free(st);
+    return FS_OK;
+}
+
+int fo_file_open(fo_file **fp, const char *path, fs_err *e)
+{
+    char cause[256];
+    *fp = NULL;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our errors are one line; HDF5 must not print */
+
+    /* open(2) first: HDF5 would report a missing file as "unable to open file", without errno. */
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    close(fd);
+    htri_t is = H5Fis_hdf5(path);
+    if (is == 0) return fs_errf(e, FS_E_INPUT, "%s: not an HDF5 file", path);
+    if (is < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot read: %s", path, h5_cause(cause));
+
+    fo_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+    }
+    f->fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f->fid < 0) {
+        int rc = fs_errf(e, FS_E_INPUT, "%s: cannot open as HDF5: %s", path, h5_cause(cause));
+        fo_file_close(f);
+        return rc;
+    }
+    int rc;
+    char *fmt = NULL;
+    if ((rc = fo_attr_string(f, "/", "format", &fmt, e))) goto fail;
+    if (!fmt) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (no 'format' attribute)", path);
+        goto fail;
+    }
+    if (strcmp(fmt, "flux-dump")) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (format is '%.64s')", path, fmt);
+        free(fmt);
+        goto fail;
+    }
+    free(fmt);
+    double v;
+    int found;
+    if ((rc = fo_attr_double(f, "/", "version", &v, &found, e))) goto fail;
+    if (!found || v != (double)(long long)v) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without an integer 'version' attribute", path);
+        goto fail;
+    }
+    if (v > FO_FORMAT_VERSION) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is newer than this flux-sim supports (%d)", path,
+                     (long long)v, FO_FORMAT_VERSION);
+        goto fail;
+    }
+    if (v < 1) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is not valid (versions start at 1)", path,
+                     (long long)v);
+        goto fail;
+    }
+    f->version = (int)v;
+    if ((rc = fo_attr_string(f, "/", "dtype", &f->dtype, e))) goto fail;
+    if ((rc = fo_attr_string(f, "/", "config", &f->config, e))) goto fail;
+    if (!f->dtype || !f->config) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without the required '%s' root attribute", path,
+                     f->dtype ? "config" : "dtype");
+        goto fail;
+    }
+    if ((rc = fo_attr_string(f, "/", "parallel", &f->parallel, e))) goto fail;
+    if ((rc = fo_attr_string(f, "/", "producer", &f->producer, e))) goto fail;
+    if ((rc = list_steps(f, e))) goto fail;
+    *fp = f;
+    return FS_OK;
+fail:
+    fo_file_close(f);
+    return rc;
+}
+
+void fo_file_close(fo_file *f)
+{
+    if (!f) return;
+    if (f->fid > 0) H5Fclose(f->fid);
+    free(f->path);
+    free(f->dtype);
+    free(f->config);
+    free(f->parallel);
+    free(f->producer);
+    free(f->step_no);
+    free(f->step_name);
+    free(f);
+}
+
+const char *fo_file_path(const fo_file *f) { return f->path; }
+const char *fo_file_dtype(const fo_file *f) { return f->dtype; }
+const char *fo_file_config(const fo_file *f) { return f->config; }
+const char *fo_file_parallel(const fo_file *f) { return f->parallel; }
+const char *fo_file_producer(const fo_file *f) { return f->producer; }
+int fo_file_version(const fo_file *f) { return f->version; }
+int fo_file_nsteps(const fo_file *f) { return f->nsteps; }
+int fo_file_step_number(const fo_file *f, int i) { return f->step_no[i]; }
+const char *fo_file_step_group(const fo_file *f, int i) { return f->step_name[i]; }
+
+/* ---------- group order ---------- */
+
+/* The group's datasets by creation order when the producer tracked it, else by name. */
+static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+{
+    char cause[256];
+    H5G_info_t gi;
+    if (H5Gget_info(g, &gi) < 0)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", f->path, group, h5_cause(cause));
+    unsigned flags = 0;
+    hid_t gcpl = H5Gget_create_plist(g);
+    if (gcpl >= 0) {
+        H5Pget_link_creation_order(gcpl, &flags);
+        H5Pclose(gcpl);
+    }
+    H5_index_t idx = (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+    out->v = calloc(gi.nlinks ? gi.nlinks : 1, sizeof *out->v);
+    if (!out->v) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", f->path, group);
+    for (hsize_t i = 0; i < gi.nlinks; i++) {
+        ssize_t len = H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, NULL, 0, H5P_DEFAULT);
+        if (len < 0 && idx == H5_INDEX_CRT_ORDER && i == 0) {
+            /* Tracked but not indexed in a dense group: HDF5 cannot iterate in that order. */
+            idx = H5_INDEX_NAME;
+            len = H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, NULL, 0, H5P_DEFAULT);
+        }
+        char *name = len >= 0 ? malloc((size_t)len + 1) : NULL;
+        if (!name || H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, name, (size_t)len + 1, H5P_DEFAULT) < 0) {
+            free(name);
+            fo_names_free(out);
+            return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", f->path, group, h5_cause(cause));
+        }
+        if (obj_kind(g, name) != (int)H5I_DATASET) {
+            free(name);
+            continue;
+        }
+        out->v[out->n++] = name;
+    }
+    if (src) *src = idx == H5_INDEX_CRT_ORDER ? FO_ORDER_CREATION : FO_ORDER_NAME;
+    return FS_OK;
+}
+
+int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+{
+    char cause[256];
+    fo_names_free(out);
+    if (!fo_is_group(f, group)) return fs_errf(e, FS_E_INPUT, "%s: %s: no such group", f->path, group);
+    hid_t g = H5Gopen2(f->fid, group, H5P_DEFAULT);
+    if (g < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, group, h5_cause(cause));
+    int rc = FS_OK;
+    htri_t ex = H5Aexists(g, "order");
+    if (ex > 0) {
+        hid_t a = H5Aopen(g, "order", H5P_DEFAULT);
+        int r = a >= 0 ? read_str_elems(a, out) : -2;
+        if (a >= 0) H5Aclose(a);
+        if (r == -1)
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order is not an array of strings", f->path, group);
+        else if (r)
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order unreadable: %s", f->path, group, h5_cause(cause));
+        else if (src)
+            *src = FO_ORDER_ATTR;
+    } else if (ex == 0) {
+        rc = links_in_order(f, g, group, out, src, e);
+    } else {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot read attributes: %s", f->path, group, h5_cause(cause));
+    }
+    H5Gclose(g);
+    return rc;
+}
+
+/* ---------- datasets ---------- */
+
+const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+/* Fills shape/numel/dtype from an open dataset. Returns 0, or an error. */
+static int describe(fo_file *f, const char *path, hid_t d, fo_dataset *ds, fs_err *e)
+{
+    char cause[256];
+    hid_t t = H5Dget_type(d), s = H5Dget_space(d);
+    int rc = FS_OK;
+    if (t < 0 || s < 0) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: unreadable: %s", f->path, path, h5_cause(cause));
+        goto out;
+    }
+    H5T_class_t cls = H5Tget_class(t);
+    size_t sz = H5Tget_size(t);
+    if (cls == H5T_FLOAT) {
+        snprintf(ds->dtype, sizeof ds->dtype, "float%zu", 8 * sz);
+    } else if (cls == H5T_INTEGER) {
+        snprintf(ds->dtype, sizeof ds->dtype, "%sint%zu", H5Tget_sign(t) == H5T_SGN_NONE ? "u" : "", 8 * sz);
+    } else {
+        static const char *const names[] = {"integer", "float", "time", "string", "bitfield", "opaque",
+                                            "compound", "reference", "enum", "vlen", "array"};
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: datatype is %s, not a number", f->path, path,
+                     cls >= 0 && (size_t)cls < FS_ARRAY_LEN(names) ? names[cls] : "unknown");
+        goto out;
+    }
+    int nd = H5Sget_simple_extent_ndims(s);
+    if (nd < 0 || nd > FO_MAX_DIMS) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: rank %d not supported (at most %d)", f->path, path, nd, FO_MAX_DIMS);
+        goto out;
+    }
+    hsize_t dims[FO_MAX_DIMS];
+    H5Sget_simple_extent_dims(s, dims, NULL);
+    ds->ndim = nd;
+    ds->numel = H5Sget_simple_extent_type(s) == H5S_NULL ? 0 : 1;
+    for (int i = 0; i < nd; i++) {
+        ds->shape[i] = (int64_t)dims[i];
+        if (dims[i] && (uint64_t)ds->numel > (uint64_t)INT64_MAX / 8 / dims[i]) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: implausibly large dataset", f->path, path);
+            goto out;
+        }
+        ds->numel *= (int64_t)dims[i];
+    }
+out:
+    if (t >= 0) H5Tclose(t);
+    if (s >= 0) H5Sclose(s);
+    return rc;
+}
+
+static int open_dataset(fo_file *f, const char *path, hid_t *d, fs_err *e)
+{
+    char cause[256];
+    int k = obj_kind(f->fid, path);
+    if (k < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", f->path, path);
+    if (k != (int)H5I_DATASET) return fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", f->path, path);
+    *d = H5Dopen2(f->fid, path, H5P_DEFAULT);
+    if (*d < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+    return FS_OK;
+}
+
+int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+{
+    hid_t d;
+    int rc = open_dataset(f, path, &d, e);
+    if (rc) return rc;
+    rc = describe(f, path, d, ds, e);
+    H5Dclose(d);
+    return rc;
+}
+
+int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+{
+    char cause[256];
+    hid_t d;
+    int rc = open_dataset(f, path, &d, e);
+    if (rc) return rc;
+    if ((rc = describe(f, path, d, ds, e))) goto out;
+    if ((size_t)ds->numel > ds->cap) {
+        double *p = realloc(ds->data, (size_t)ds->numel * sizeof *p);
+        if (!p) {
+            rc = fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", f->path, path, (long long)ds->numel);
+            goto out;
+        }
+        ds->data = p;
+        ds->cap = (size_t)ds->numel;
+    }
+    /* HDF5 converts any integer or float type to double while reading (and undoes shuffle and
+     * deflate); hard-linked names are just other paths to the same dataset. */
+    if (ds->numel && H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, ds->data) < 0)
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", f->path, path, h5_cause(cause));
+out:
+    H5Dclose(d);
+    return rc;
+}
+
+void fo_dataset_free(fo_dataset *ds)
+{
+    if (!ds) return;
+    free(ds->data);
+    memset(ds, 0, sizeof *ds);
+}

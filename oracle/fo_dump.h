@@ -1,0 +1,92 @@
+/* fo_dump.h — read any flux-dump v1 file (../shared/flux-dump.md): ours, or one written by
+ * h5py from a PyTorch run.
+ *
+ * This is the one reader of the format: the oracle diffs through it, and the simulator's replay
+ * (fs_dump_read_inputs) opens dumps through it, so the format and version checks and their
+ * messages exist once. It hides HDF5 (no hdf5.h here): hard links, shuffle+deflate chunks, vlen
+ * or fixed-length strings and integer or float datasets all read the same way.
+ *
+ * Errors are fs_err one-liners naming the file, the object and the cause; FS_E_INPUT for
+ * anything wrong with the file. */
+#ifndef FO_DUMP_H
+#define FO_DUMP_H
+
+#include "fs_common.h"
+
+#define FO_MAX_DIMS 8
+#define FO_FORMAT_VERSION 1 /* the newest flux-dump version this reader understands */
+
+typedef struct fo_file fo_file; /* opaque: an open HDF5 file plus its root attributes */
+
+/* Opens `path` read-only and checks it is a flux-dump this reader understands: an HDF5 file,
+ * `format` == "flux-dump", integer `version` <= FO_FORMAT_VERSION, string `dtype` and `config`.
+ * Lists its step groups. On error *f is NULL. */
+int fo_file_open(fo_file **f, const char *path, fs_err *e);
+void fo_file_close(fo_file *f); /* safe on NULL */
+
+/* Root attributes, read at open and owned by f. parallel and producer are NULL when absent. */
+const char *fo_file_path(const fo_file *f);
+const char *fo_file_dtype(const fo_file *f);    /* "float32", "float64", "bfloat16", ... */
+const char *fo_file_config(const fo_file *f);   /* JSON text, for fs_config_from_json */
+const char *fo_file_parallel(const fo_file *f); /* JSON text or NULL */
+const char *fo_file_producer(const fo_file *f); /* free text or NULL */
+int fo_file_version(const fo_file *f);
+
+/* Step groups ("/step_<digits>" at the root), in numeric order (step_0002 before step_0010,
+ * whatever the link order). i in [0, fo_file_nsteps). */
+int fo_file_nsteps(const fo_file *f);
+int fo_file_step_number(const fo_file *f, int i);    /* 2 for step_0002 */
+const char *fo_file_step_group(const fo_file *f, int i); /* "/step_0002" */
+
+/* 1 if `path` names an existing object of that kind (each component is checked, so a missing
+ * parent is just 0, not an error). */
+int fo_is_group(fo_file *f, const char *path);
+int fo_is_dataset(fo_file *f, const char *path);
+
+/* A list of names owned by the struct. Initialise with {0}; fo_names_free makes it {0} again. */
+typedef struct fo_names {
+    int n;
+    char **v;
+} fo_names;
+void fo_names_free(fo_names *l);
+
+typedef enum fo_order_source {
+    FO_ORDER_ATTR = 0, /* the group's `order` attribute: execution order, as the format wants */
+    FO_ORDER_CREATION, /* no `order`: link creation order (tracked by the producer) */
+    FO_ORDER_NAME,     /* no `order`, creation order not tracked: alphabetical, a guess */
+} fo_order_source;
+
+/* The dataset names of `group` in execution order: its `order` attribute (a 1-D array of vlen or
+ * fixed-length strings) when present, else the group's datasets in creation order (or name
+ * order when the producer did not track it). *src (may be NULL) says which. `out` is freed
+ * and refilled. */
+int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e);
+
+/* The numbers and names of one dataset. Reusable across reads: fo_dataset_read grows `data`
+ * only when a bigger dataset comes, so a diff loop allocates a handful of times in total.
+ * Initialise with {0}; free with fo_dataset_free. */
+typedef struct fo_dataset {
+    int ndim; /* 0 for a scalar dataset (numel 1) */
+    int64_t shape[FO_MAX_DIMS];
+    int64_t numel;
+    char dtype[16]; /* as stored: "float32", "float64", "float16", "int64", "uint8", ... */
+    double *data;   /* numel values, row-major, converted to double by HDF5 (exact for all
+                       stored types up to 32-bit ints and float64) */
+    size_t cap;     /* elements allocated in data */
+} fo_dataset;
+
+/* Shape and stored dtype of the dataset at `path` (e.g. "/step_0000/proj_out"), no data. */
+int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e);
+/* Shape, dtype and values. Works on hard-linked and compressed datasets; integer and float
+ * types. A missing dataset, a group or a non-numeric type is an FS_E_INPUT error. */
+int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e);
+void fo_dataset_free(fo_dataset *ds);
+/* "[1, 64, 128]" */
+const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+
+/* Any attribute of any object as text or number. Absent: FS_OK and *out NULL / *found 0.
+ * A string attribute read as a number (or the reverse) is an FS_E_INPUT error. */
+int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e); /* free() *out */
+int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e);
+
+#endif

@@ -1,0 +1,44 @@
+/* fo_metrics.h — how far apart two tensors are.
+ *
+ * One pass over two equal-length double arrays, no allocation. Non-finite values are counted
+ * per side, and the finite metrics (max |a-b|, relative L2, cosine) are taken over the positions
+ * where BOTH sides are finite: a NaN would otherwise turn every metric into NaN and hide how far
+ * the rest is. So a consumer must treat any NaN/Inf count (or n_nonfinite_mismatch) as a failure
+ * of its own; first_nonfinite locates it. */
+#ifndef FO_METRICS_H
+#define FO_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fo_stats {
+    int64_t n;          /* elements compared */
+    int64_t n_finite;   /* positions where a and b are both finite: what the metrics cover */
+    double max_abs;     /* max |a-b| over finite pairs; 0 when there are none */
+    int64_t argmax;     /* flat index of max_abs (first one on ties); -1 when there are no finite pairs */
+    double norm_a, norm_b, norm_diff; /* L2 norms over finite pairs */
+    double rel_l2;      /* ||a-b|| / ||b||, with 0/0 = 0 and x/0 = +inf */
+    double cosine;      /* a.b / (||a|| ||b||); 1 when both norms are 0, 0 when exactly one is */
+    int64_t nan_a, inf_a, nan_b, inf_b;
+    int64_t n_nonfinite_mismatch; /* positions where a and b are not the same non-finite value
+                                     (NaN vs number, +inf vs -inf, inf vs number); NaN == NaN */
+    int64_t first_nonfinite;      /* flat index of the first non-finite value on either side, or -1 */
+} fo_stats;
+
+/* Compare a (the candidate) against b (the reference). n may be 0 (all metrics 0, cosine 1). */
+void fo_compare(const double *a, const double *b, int64_t n, fo_stats *s);
+
+/* 1 when nothing on either side is NaN or Inf. */
+static inline int fo_stats_all_finite(const fo_stats *s)
+{
+    return s->nan_a == 0 && s->inf_a == 0 && s->nan_b == 0 && s->inf_b == 0;
+}
+
+/* Row-major coordinates of flat index `flat` in `shape` (ndim entries; ndim 0 writes nothing).
+ * Returns 0, or -1 when flat is outside the shape. */
+int fo_unravel(int64_t flat, int ndim, const int64_t *shape, int64_t *coords);
+
+/* "(0, 12, 7)" into buf, for reports. */
+const char *fo_coords_str(int ndim, const int64_t *coords, char *buf, size_t n);
+
+#endif

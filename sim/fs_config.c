@@ -1,0 +1,292 @@
+#include "fs_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const preset_names[] = {"default", "flux-dev", "flux-schnell", "tiny", "odd", NULL};
+
+const char *const *fs_config_preset_names(void) { return preset_names; }
+
+int fs_config_preset(fs_config *c, const char *name, fs_err *e)
+{
+    memset(c, 0, sizeof *c);
+    c->patch_size = 1;
+    if (!strcmp(name, "flux-dev") || !strcmp(name, "flux-schnell")) {
+        *c = (fs_config){.patch_size = 1, .in_channels = 64, .out_channels = 64, .num_layers = 19,
+                         .num_single_layers = 38, .attention_head_dim = 128, .num_attention_heads = 24,
+                         .joint_attention_dim = 4096, .pooled_projection_dim = 768,
+                         .guidance_embeds = !strcmp(name, "flux-dev"), .axes_dims_rope = {16, 56, 56}};
+    } else if (!strcmp(name, "default")) {
+        /* The built-in demo model: FLUX.1's structure at a width a laptop runs in seconds.
+         * 8 heads so TP/Ulysses degrees 1, 2, 4 and 8 all divide; guidance on, like dev. */
+        *c = (fs_config){.patch_size = 1, .in_channels = 64, .out_channels = 64, .num_layers = 2,
+                         .num_single_layers = 4, .attention_head_dim = 32, .num_attention_heads = 8,
+                         .joint_attention_dim = 128, .pooled_projection_dim = 64, .guidance_embeds = 1,
+                         .axes_dims_rope = {8, 12, 12}};
+    } else if (!strcmp(name, "tiny")) { /* shapes of ../shared/reference/tiny */
+        *c = (fs_config){.patch_size = 1, .in_channels = 16, .out_channels = 16, .num_layers = 2,
+                         .num_single_layers = 4, .attention_head_dim = 32, .num_attention_heads = 4,
+                         .joint_attention_dim = 64, .pooled_projection_dim = 32, .guidance_embeds = 1,
+                         .axes_dims_rope = {8, 12, 12}};
+    } else if (!strcmp(name, "odd")) { /* shapes of ../shared/reference/odd */
+        *c = (fs_config){.patch_size = 1, .in_channels = 8, .out_channels = 8, .num_layers = 1,
+                         .num_single_layers = 3, .attention_head_dim = 16, .num_attention_heads = 6,
+                         .joint_attention_dim = 40, .pooled_projection_dim = 24, .guidance_embeds = 0,
+                         .axes_dims_rope = {4, 6, 6}};
+    } else {
+        return fs_errf(e, FS_E_INPUT, "unknown config preset '%s' (known: default, flux-dev, flux-schnell, tiny, odd)",
+                       name);
+    }
+    return FS_OK;
+}
+
+int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
+{
+    struct { const char *k; int v; } pos[] = {
+        {"patch_size", c->patch_size}, {"in_channels", c->in_channels}, {"out_channels", c->out_channels},
+        {"attention_head_dim", c->attention_head_dim}, {"num_attention_heads", c->num_attention_heads},
+        {"joint_attention_dim", c->joint_attention_dim}, {"pooled_projection_dim", c->pooled_projection_dim},
+    };
+    for (size_t i = 0; i < FS_ARRAY_LEN(pos); i++)
+        if (pos[i].v <= 0) return fs_errf(e, FS_E_INPUT, "%s: config %s = %d, must be > 0", origin, pos[i].k, pos[i].v);
+    if (c->num_layers < 0 || c->num_single_layers < 0)
+        return fs_errf(e, FS_E_INPUT, "%s: config num_layers/num_single_layers must be >= 0", origin);
+    if (c->patch_size != 1)
+        return fs_errf(e, FS_E_INPUT, "%s: config patch_size = %d; FLUX.1 uses 1 and flux-sim supports only 1",
+                       origin, c->patch_size);
+    int sum = 0;
+    for (int i = 0; i < FS_MAX_AXES; i++) {
+        if (c->axes_dims_rope[i] <= 0 || c->axes_dims_rope[i] % 2)
+            return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] = %d, must be positive and even", origin, i,
+                           c->axes_dims_rope[i]);
+        sum += c->axes_dims_rope[i];
+    }
+    if (sum != c->attention_head_dim)
+        return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope sums to %d but attention_head_dim is %d", origin, sum,
+                       c->attention_head_dim);
+    return FS_OK;
+}
+
+static int json_int(const cJSON *root, const char *key, int *out, int required, const char *origin, fs_err *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!it || cJSON_IsNull(it)) {
+        if (required) return fs_errf(e, FS_E_INPUT, "%s: config key '%s' missing", origin, key);
+        return FS_OK;
+    }
+    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
+        return fs_errf(e, FS_E_INPUT, "%s: config key '%s' is not an integer", origin, key);
+    *out = (int)it->valuedouble;
+    return FS_OK;
+}
+
+int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_err *e)
+{
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        return fs_errf(e, FS_E_INPUT, "%s: malformed JSON near '%.20s'", origin, at ? at : "?");
+    }
+    int rc = FS_OK;
+    if (!cJSON_IsObject(root)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: config is not a JSON object", origin);
+        goto out;
+    }
+    c->patch_size = 1;
+    c->out_channels = 0;
+    struct { const char *k; int *v; int req; } keys[] = {
+        {"patch_size", &c->patch_size, 0},
+        {"in_channels", &c->in_channels, 1},
+        {"out_channels", &c->out_channels, 0},
+        {"num_layers", &c->num_layers, 1},
+        {"num_single_layers", &c->num_single_layers, 1},
+        {"attention_head_dim", &c->attention_head_dim, 1},
+        {"num_attention_heads", &c->num_attention_heads, 1},
+        {"joint_attention_dim", &c->joint_attention_dim, 1},
+        {"pooled_projection_dim", &c->pooled_projection_dim, 1},
+    };
+    for (size_t i = 0; i < FS_ARRAY_LEN(keys); i++)
+        if ((rc = json_int(root, keys[i].k, keys[i].v, keys[i].req, origin, e))) goto out;
+    if (c->out_channels == 0) c->out_channels = c->in_channels; /* diffusers: out_channels or in_channels */
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "guidance_embeds");
+    if (!g || !cJSON_IsBool(g)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: config key 'guidance_embeds' missing or not a boolean", origin);
+        goto out;
+    }
+    c->guidance_embeds = cJSON_IsTrue(g);
+    const cJSON *ax = cJSON_GetObjectItemCaseSensitive(root, "axes_dims_rope");
+    if (!ax || !cJSON_IsArray(ax) || cJSON_GetArraySize(ax) != FS_MAX_AXES) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: config key 'axes_dims_rope' must be an array of 3 integers", origin);
+        goto out;
+    }
+    for (int i = 0; i < FS_MAX_AXES; i++) {
+        const cJSON *v = cJSON_GetArrayItem(ax, i);
+        if (!cJSON_IsNumber(v)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] is not a number", origin, i);
+            goto out;
+        }
+        c->axes_dims_rope[i] = v->valueint;
+    }
+    rc = fs_config_validate(c, origin, e);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int fs_config_from_file(fs_config *c, const char *path, fs_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open config: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (1 << 20)) {
+        fclose(f);
+        return fs_errf(e, FS_E_INPUT, "%s: config file size %ld is not plausible", path, n);
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    int rc = fs_config_from_json(c, buf, path, e);
+    free(buf);
+    return rc;
+}
+
+char *fs_config_to_json(const fs_config *c)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "_class_name", "FluxTransformer2DModel");
+    cJSON_AddNumberToObject(r, "patch_size", c->patch_size);
+    cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
+    cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
+    cJSON_AddNumberToObject(r, "num_layers", c->num_layers);
+    cJSON_AddNumberToObject(r, "num_single_layers", c->num_single_layers);
+    cJSON_AddNumberToObject(r, "attention_head_dim", c->attention_head_dim);
+    cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(r, "joint_attention_dim", c->joint_attention_dim);
+    cJSON_AddNumberToObject(r, "pooled_projection_dim", c->pooled_projection_dim);
+    cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
+    cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, FS_MAX_AXES));
+    char *s = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    return s;
+}
+
+/* ---- parameter list ---- */
+
+typedef struct plist {
+    fs_param_desc *p;
+    int n, cap;
+} plist;
+
+static void add(plist *l, fs_param_kind kind, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void add(plist *l, fs_param_kind kind, int64_t d0, int64_t d1, const char *fmt, ...)
+{
+    if (!l->p) return; /* an earlier allocation failed */
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        fs_param_desc *np = realloc(l->p, (size_t)l->cap * sizeof *np);
+        if (!np) {
+            free(l->p);
+            l->p = NULL;
+            return;
+        }
+        l->p = np;
+    }
+    fs_param_desc *d = &l->p[l->n++];
+    memset(d, 0, sizeof *d);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->name, sizeof d->name, fmt, ap);
+    va_end(ap);
+    d->kind = kind;
+    d->shape[0] = d0;
+    d->shape[1] = d1;
+    d->ndim = kind == FS_PARAM_LINEAR_W ? 2 : 1;
+}
+
+/* A Linear(in -> out) with bias: "<prefix>.weight" [out, in] and "<prefix>.bias" [out]. */
+static void add_linear(plist *l, int64_t in, int64_t out, const char *prefix)
+{
+    add(l, FS_PARAM_LINEAR_W, out, in, "%s.weight", prefix);
+    add(l, FS_PARAM_BIAS, out, 0, "%s.bias", prefix);
+}
+
+fs_param_desc *fs_config_params(const fs_config *c, int *n)
+{
+    plist l = {.p = malloc(256 * sizeof(fs_param_desc)), .n = 0, .cap = 256};
+    const int64_t D = fs_config_hidden(c), F = fs_config_mlp_hidden(c), Dh = c->attention_head_dim;
+    char pre[128];
+
+    add_linear(&l, c->in_channels, D, "x_embedder");
+    add_linear(&l, c->joint_attention_dim, D, "context_embedder");
+    add_linear(&l, 256, D, "time_text_embed.timestep_embedder.linear_1");
+    add_linear(&l, D, D, "time_text_embed.timestep_embedder.linear_2");
+    if (c->guidance_embeds) {
+        add_linear(&l, 256, D, "time_text_embed.guidance_embedder.linear_1");
+        add_linear(&l, D, D, "time_text_embed.guidance_embedder.linear_2");
+    }
+    add_linear(&l, c->pooled_projection_dim, D, "time_text_embed.text_embedder.linear_1");
+    add_linear(&l, D, D, "time_text_embed.text_embedder.linear_2");
+
+    for (int i = 0; i < c->num_layers; i++) {
+        static const char *const lin[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj",
+                                          "attn.add_k_proj", "attn.add_v_proj", "attn.to_out.0", "attn.to_add_out"};
+        snprintf(pre, sizeof pre, "transformer_blocks.%d.norm1.linear", i);
+        add_linear(&l, D, 6 * D, pre);
+        snprintf(pre, sizeof pre, "transformer_blocks.%d.norm1_context.linear", i);
+        add_linear(&l, D, 6 * D, pre);
+        for (size_t k = 0; k < FS_ARRAY_LEN(lin); k++) {
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s", i, lin[k]);
+            add_linear(&l, D, D, pre);
+        }
+        static const char *const rms[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+        for (size_t k = 0; k < FS_ARRAY_LEN(rms); k++)
+            add(&l, FS_PARAM_RMS_W, Dh, 0, "transformer_blocks.%d.attn.%s.weight", i, rms[k]);
+        static const char *const ffs[] = {"ff", "ff_context"};
+        for (size_t k = 0; k < 2; k++) {
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s.net.0.proj", i, ffs[k]);
+            add_linear(&l, D, F, pre);
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s.net.2", i, ffs[k]);
+            add_linear(&l, F, D, pre);
+        }
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d.norm.linear", i);
+        add_linear(&l, D, 3 * D, pre);
+        static const char *const qkv[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+        for (size_t k = 0; k < 3; k++) {
+            snprintf(pre, sizeof pre, "single_transformer_blocks.%d.%s", i, qkv[k]);
+            add_linear(&l, D, D, pre);
+        }
+        add(&l, FS_PARAM_RMS_W, Dh, 0, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+        add(&l, FS_PARAM_RMS_W, Dh, 0, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d.proj_mlp", i);
+        add_linear(&l, D, F, pre);
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d.proj_out", i);
+        add_linear(&l, D + F, D, pre);
+    }
+    add_linear(&l, D, 2 * D, "norm_out.linear");
+    add_linear(&l, D, fs_config_out_width(c), "proj_out");
+    *n = l.n;
+    return l.p;
+}
+
+int fs_param_find(const fs_param_desc *p, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(p[i].name, name)) return i;
+    return -1;
+}

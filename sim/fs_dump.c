@@ -1,0 +1,661 @@
+/* fs_dump.c — flux-dump v1 writer and /inputs reader (see fs_dump.h).
+ *
+ * The files must read exactly like the h5py-written reference dumps: strings are scalar
+ * variable-length UTF-8 attributes (h5py gives `str`), `order` is a 1-D vlen UTF-8 array
+ * (h5py gives an array of `str`), `version` is a 64-bit int, groups track link and attribute
+ * creation order, datasets of >= 256 elements are one shuffle+deflate chunk.
+ *
+ * Reading goes through the oracle's reader (oracle/fo_dump.h) so that every consumer applies the
+ * same format/version checks with the same messages. */
+#include "fs_dump.h"
+
+#include "fo_dump.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FS_DUMP_VERSION 1
+/* Below this many elements a chunk index and filter pipeline cost more than they save; the
+ * reference dumps use the same threshold. */
+#define FS_DUMP_CHUNK_MIN 256
+/* HDF5 refuses chunks of 4 GiB or more; stay well below so a huge dataset is split into a
+ * few leading-dimension chunks instead of failing. */
+#define FS_DUMP_CHUNK_MAX_BYTES ((hsize_t)1 << 30)
+/* Activations are noise-like floats that deflate barely shrinks (the reference's level 9 reaches
+ * 1.12:1); level 4 (h5py's default) gets nearly the same for a fraction of the time. */
+#define FS_DUMP_DEFLATE_LEVEL 4
+
+struct fs_dump {
+    char *path, *tmp;
+    fs_config cfg;
+    fs_dtype dt;
+    hid_t file;
+    hid_t gcpl;      /* group creation: link + attribute creation order tracked and indexed */
+    hid_t step;      /* open step group, or -1 */
+    int step_no;
+    int failed;      /* sticky: once a write failed, close refuses to publish the file */
+    int wrote_inputs, wrote_final;
+    char **order;    /* dataset names of the open step, in recording order */
+    int n_order, cap_order;
+};
+
+/* ---------- HDF5 helpers ---------- */
+
+static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
+{
+    if (n == 0 && err->desc) snprintf((char *)data, 256, "%s", err->desc);
+    return 0;
+}
+
+/* The innermost HDF5 error description, for the cause part of a one-line message. */
+static const char *h5_cause(char buf[256])
+{
+    buf[0] = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, err_walk_cb, buf);
+    if (!buf[0]) snprintf(buf, 256, "HDF5 error");
+    return buf;
+}
+
+/* A variable-length UTF-8 C string type: what h5py uses for Python str. */
+static hid_t vlen_utf8(void)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0) return t;
+    if (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0 ||
+        H5Tset_strpad(t, H5T_STR_NULLTERM) < 0) {
+        H5Tclose(t);
+        return -1;
+    }
+    return t;
+}
+
+/* Writes (replacing) attribute `name` on `obj`: n strings as a 1-D array, or one string as a
+ * scalar when scalar is set. */
+static herr_t put_str_attr(hid_t obj, const char *name, const char *const *v, hsize_t n, int scalar)
+{
+    if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
+    hid_t t = vlen_utf8();
+    hid_t s = scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, NULL);
+    hid_t a = t >= 0 && s >= 0 ? H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT) : -1;
+    herr_t r = a >= 0 ? H5Awrite(a, t, v) : -1;
+    if (a >= 0) H5Aclose(a);
+    if (s >= 0) H5Sclose(s);
+    if (t >= 0) H5Tclose(t);
+    return r;
+}
+
+static herr_t put_str(hid_t obj, const char *name, const char *value)
+{
+    return put_str_attr(obj, name, &value, 1, 1);
+}
+
+/* A scalar numeric attribute: file type `ftype` (little-endian, as numpy writes), value in
+ * memory type `mtype`. */
+static herr_t put_num(hid_t obj, const char *name, hid_t ftype, hid_t mtype, const void *v)
+{
+    if (H5Aexists(obj, name) > 0 && H5Adelete(obj, name) < 0) return -1;
+    hid_t s = H5Screate(H5S_SCALAR);
+    hid_t a = s >= 0 ? H5Acreate2(obj, name, ftype, s, H5P_DEFAULT, H5P_DEFAULT) : -1;
+    herr_t r = a >= 0 ? H5Awrite(a, mtype, v) : -1;
+    if (a >= 0) H5Aclose(a);
+    if (s >= 0) H5Sclose(s);
+    return r;
+}
+
+static herr_t put_f64(hid_t obj, const char *name, double v)
+{
+    return put_num(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
+}
+
+static hid_t file_type(fs_dtype dt) { return dt == FS_F64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE; }
+static hid_t mem_type(fs_dtype dt) { return dt == FS_F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
+
+/* Marks the dump failed and returns an error: used for every failure after the file exists. */
+#define DUMP_FAIL(d, ...) ((d)->failed = 1, fs_errf(__VA_ARGS__))
+
+/* One dataset `name` in `loc` (group path `where`, for messages) holding t, stored as `stored`
+ * (HDF5 converts when t's dtype differs). */
+static int write_dataset(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
+                         fs_dtype stored, fs_err *e)
+{
+    char cause[256];
+    if (t->ndim < 1 || t->ndim > FS_MAX_DIMS)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor rank %d out of range 1..%d", d->tmp, where, name,
+                         t->ndim, FS_MAX_DIMS);
+    hsize_t dims[FS_MAX_DIMS], chunk[FS_MAX_DIMS];
+    int64_t numel = fs_tensor_numel(t);
+    for (int i = 0; i < t->ndim; i++) chunk[i] = dims[i] = (hsize_t)t->shape[i];
+    if (numel > 0 && !t->data)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor has no data", d->tmp, where, name);
+
+    int rc = FS_OK;
+    hid_t space = H5Screate_simple(t->ndim, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t ds = -1;
+    if (space < 0 || dcpl < 0) goto h5fail;
+    if (numel >= FS_DUMP_CHUNK_MIN) {
+        /* One chunk = the whole dataset (a reader wants all of it anyway), halved along the
+         * leading dimensions only if it would exceed HDF5's chunk size limit. */
+        size_t esz = fs_dtype_size(stored);
+        for (;;) {
+            hsize_t bytes = esz;
+            for (int i = 0; i < t->ndim; i++) bytes *= chunk[i];
+            if (bytes <= FS_DUMP_CHUNK_MAX_BYTES) break;
+            int i = 0;
+            while (i < t->ndim - 1 && chunk[i] == 1) i++;
+            if (chunk[i] == 1) break;
+            chunk[i] = (chunk[i] + 1) / 2;
+        }
+        if (H5Pset_chunk(dcpl, t->ndim, chunk) < 0 || H5Pset_shuffle(dcpl) < 0 ||
+            H5Pset_deflate(dcpl, FS_DUMP_DEFLATE_LEVEL) < 0)
+            goto h5fail;
+    }
+    /* Every element is written right away: filling with zeros first would be wasted work. */
+    if (H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0) goto h5fail;
+    ds = H5Dcreate2(loc, name, file_type(stored), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (ds < 0) goto h5fail;
+    if (numel > 0 && H5Dwrite(ds, mem_type(t->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0) goto h5fail;
+    goto out;
+h5fail:
+    rc = DUMP_FAIL(d, e, FS_E_IO, "%s: %s/%s: write failed: %s", d->tmp, where, name, h5_cause(cause));
+out:
+    if (ds >= 0) H5Dclose(ds);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (space >= 0) H5Sclose(space);
+    return rc;
+}
+
+/* ---------- /inputs shapes, shared by the writer and the reader ---------- */
+
+enum { IN_HS, IN_EHS, IN_POOLED, IN_IMG, IN_TXT, IN_GUID, IN_SIG, IN_TS, IN_N };
+static const char *const in_names[IN_N] = {"hidden_states", "encoder_hidden_states", "pooled_projections",
+                                           "img_ids",       "txt_ids",               "guidance",
+                                           "sigmas",        "timesteps"};
+
+typedef struct in_shape {
+    int present;
+    int ndim;
+    int64_t shape[FO_MAX_DIMS];
+} in_shape;
+
+typedef struct in_sizes {
+    int B, S_img, S_txt, n;
+} in_sizes;
+
+/* Checks the /inputs datasets against the config and each other (B from hidden_states, S_txt
+ * from encoder_hidden_states, N from timesteps) and returns those sizes. `origin` starts every
+ * message (a file name). */
+static int check_inputs(const fs_config *c, const in_shape *s, const char *origin, in_sizes *z, fs_err *e)
+{
+    for (int k = 0; k < IN_N; k++) {
+        if (k == IN_GUID) continue;
+        if (!s[k].present)
+            return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s missing: this dump cannot be replayed", origin, in_names[k]);
+    }
+    if (c->guidance_embeds && !s[IN_GUID].present)
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/guidance missing, but the config has guidance_embeds = true", origin);
+    if (!c->guidance_embeds && s[IN_GUID].present)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: /inputs/guidance present, but the config has guidance_embeds = false (wrong config?)",
+                       origin);
+    static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1};
+    static const char *const sym[IN_N][3] = {
+        {"B", "S_img", "in_channels"}, {"B", "S_txt", "joint_attention_dim"}, {"B", "pooled_projection_dim"},
+        {"S_img", "3"}, {"S_txt", "3"}, {"B"}, {"N+1"}, {"N"}};
+    char symstr[IN_N][96];
+    for (int k = 0; k < IN_N; k++) {
+        size_t o = 0;
+        for (int i = 0; i < rank[k]; i++)
+            o += (size_t)snprintf(symstr[k] + o, sizeof symstr[k] - o, "%s%s", i ? ", " : "", sym[k][i]);
+    }
+    for (int k = 0; k < IN_N; k++)
+        if (s[k].present && s[k].ndim != rank[k])
+            return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s has rank %d, expected %d ([%s])", origin, in_names[k],
+                           s[k].ndim, rank[k], symstr[k]);
+    int64_t B = s[IN_HS].shape[0], Si = s[IN_HS].shape[1], St = s[IN_EHS].shape[1], N = s[IN_TS].shape[0];
+    if (B < 1 || Si < 1 || St < 1 || N < 1 || B > INT32_MAX || Si > INT32_MAX || St > INT32_MAX || N > INT32_MAX)
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs sizes B=%lld S_img=%lld S_txt=%lld N=%lld must all be >= 1", origin,
+                       (long long)B, (long long)Si, (long long)St, (long long)N);
+    const int64_t want[IN_N][3] = {
+        {B, Si, c->in_channels}, {B, St, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Si, 3}, {St, 3},
+        {B},                     {N + 1},                         {N},
+    };
+    for (int k = 0; k < IN_N; k++) {
+        if (!s[k].present) continue;
+        for (int i = 0; i < rank[k]; i++) {
+            if (s[k].shape[i] == want[k][i]) continue;
+            /* Say where the expected size came from: with several datasets disagreeing, the one
+             * named first is not necessarily the wrong one. */
+            const char *l = sym[k][i], *from = "the config";
+            if (!strcmp(l, "B") || !strcmp(l, "S_img")) from = "/inputs/hidden_states";
+            else if (!strcmp(l, "S_txt")) from = "/inputs/encoder_hidden_states";
+            else if (l[0] == 'N') from = "/inputs/timesteps", l = "N";
+            else if (!strcmp(l, "3")) from = NULL;
+            char got[96], exp[96], why[96] = "";
+            fo_shape_str(s[k].ndim, s[k].shape, got, sizeof got);
+            fo_shape_str(rank[k], want[k], exp, sizeof exp);
+            if (from) snprintf(why, sizeof why, " (%s from %s)", l, from);
+            return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s has shape %s, expected [%s] = %s%s", origin, in_names[k], got,
+                           symstr[k], exp, why);
+        }
+    }
+    *z = (in_sizes){(int)B, (int)Si, (int)St, (int)N};
+    return FS_OK;
+}
+
+static const fs_tensor *input_tensor(const fs_inputs *in, int k)
+{
+    switch (k) {
+    case IN_HS: return &in->hidden_states;
+    case IN_EHS: return &in->encoder_hidden_states;
+    case IN_POOLED: return &in->pooled_projections;
+    case IN_IMG: return &in->img_ids;
+    case IN_TXT: return &in->txt_ids;
+    case IN_GUID: return &in->guidance;
+    case IN_SIG: return &in->sigmas;
+    default: return &in->timesteps;
+    }
+}
+
+/* ---------- writer ---------- */
+
+/* The one place a dump file is created. `fapl` decides the driver: default (sec2) for a serial
+ * run; an MPI-IO fapl for the parallel writer to come. */
+static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg, fs_dtype dt, const char *producer,
+                            hid_t fapl, fs_err *e)
+{
+    char cause[256];
+    *dp = NULL;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our errors are one line; HDF5 must not print */
+    int rc = fs_config_validate(cfg, path, e);
+    if (rc) return rc;
+
+    fs_dump *d = calloc(1, sizeof *d);
+    if (!d) return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+    d->file = d->gcpl = d->step = -1;
+    d->cfg = *cfg;
+    d->dt = dt;
+    size_t n = strlen(path) + 32;
+    d->path = strdup(path);
+    d->tmp = malloc(n);
+    if (!d->path || !d->tmp) {
+        free(d->path);
+        free(d->tmp);
+        free(d);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(d->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+
+    /* Create the file with open(2) first: HDF5 reports a missing directory or a read-only one
+     * only as "unable to open file", and the user needs the OS's reason. */
+    int fd = open(d->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: cannot create dump (temporary %s): %s", path, d->tmp, strerror(errno));
+        free(d->path);
+        free(d->tmp);
+        free(d);
+        return rc;
+    }
+    close(fd);
+
+    char *json = NULL;
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    d->gcpl = H5Pcreate(H5P_GROUP_CREATE);
+    const unsigned crt = H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED;
+    /* Creation order tracked like h5py's track_order=True: a reader without `order` (h5dump,
+     * h5py iteration) still sees datasets in execution order. */
+    if (fcpl < 0 || d->gcpl < 0 || H5Pset_link_creation_order(fcpl, crt) < 0 ||
+        H5Pset_attr_creation_order(fcpl, crt) < 0 || H5Pset_link_creation_order(d->gcpl, crt) < 0 ||
+        H5Pset_attr_creation_order(d->gcpl, crt) < 0)
+        goto h5fail;
+    d->file = H5Fcreate(d->tmp, H5F_ACC_TRUNC, fcpl, fapl);
+    if (d->file < 0) goto h5fail;
+    int64_t version = FS_DUMP_VERSION;
+    json = fs_config_to_json(cfg);
+    if (!json) {
+        rc = fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    if (put_str(d->file, "format", "flux-dump") < 0 ||
+        put_num(d->file, "version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version) < 0 ||
+        put_str(d->file, "producer", producer ? producer : "flux-sim") < 0 ||
+        put_str(d->file, "dtype", fs_dtype_name(dt)) < 0 || put_str(d->file, "config", json) < 0)
+        goto h5fail;
+    free(json);
+    H5Pclose(fcpl);
+    *dp = d;
+    return FS_OK;
+h5fail:
+    rc = fs_errf(e, FS_E_IO, "%s: cannot create dump (temporary %s): %s", path, d->tmp, h5_cause(cause));
+fail:
+    free(json);
+    if (fcpl >= 0) H5Pclose(fcpl);
+    fs_dump_abort(d);
+    return rc;
+}
+
+int fs_dump_create(fs_dump **d, const char *path, const fs_config *cfg, fs_dtype dt, const char *producer, fs_err *e)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    /* STRONG: closing the file closes whatever is still open in it, so an abort after an error
+     * in the middle of a write cannot leak handles or keep the file open. */
+    if (fapl < 0 || H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0) {
+        char cause[256];
+        if (fapl >= 0) H5Pclose(fapl);
+        *d = NULL;
+        return fs_errf(e, FS_E_INTERNAL, "%s: cannot set up HDF5: %s", path, h5_cause(cause));
+    }
+    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, e);
+    H5Pclose(fapl);
+    return rc;
+}
+
+const char *fs_dump_tmp_path(const fs_dump *d) { return d ? d->tmp : NULL; }
+
+static int check_usable(fs_dump *d, const char *what, fs_err *e)
+{
+    if (!d) return fs_errf(e, FS_E_INTERNAL, "%s on a NULL dump", what);
+    if (d->failed)
+        return fs_errf(e, FS_E_IO, "%s: %s after an earlier write failed; the dump will not be published", d->tmp,
+                       what);
+    return FS_OK;
+}
+
+static int check_root_attr_name(fs_dump *d, const char *name, fs_err *e)
+{
+    if (!name || !*name || !strcmp(name, "format") || !strcmp(name, "version"))
+        return fs_errf(e, FS_E_INTERNAL, "%s: root attribute '%s' is reserved or empty", d->tmp, name ? name : "");
+    return FS_OK;
+}
+
+int fs_dump_set_attr_string(fs_dump *d, const char *name, const char *value, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "set attribute", e);
+    if (rc || (rc = check_root_attr_name(d, name, e))) return rc;
+    if (put_str(d->file, name, value ? value : "") < 0)
+        return DUMP_FAIL(d, e, FS_E_IO, "%s: attribute %s: write failed: %s", d->tmp, name, h5_cause(cause));
+    return FS_OK;
+}
+
+int fs_dump_set_attr_int(fs_dump *d, const char *name, int64_t value, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "set attribute", e);
+    if (rc || (rc = check_root_attr_name(d, name, e))) return rc;
+    if (put_num(d->file, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value) < 0)
+        return DUMP_FAIL(d, e, FS_E_IO, "%s: attribute %s: write failed: %s", d->tmp, name, h5_cause(cause));
+    return FS_OK;
+}
+
+int fs_dump_set_attr_double(fs_dump *d, const char *name, double value, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "set attribute", e);
+    if (rc || (rc = check_root_attr_name(d, name, e))) return rc;
+    if (put_f64(d->file, name, value) < 0)
+        return DUMP_FAIL(d, e, FS_E_IO, "%s: attribute %s: write failed: %s", d->tmp, name, h5_cause(cause));
+    return FS_OK;
+}
+
+int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "write inputs", e);
+    if (rc) return rc;
+    if (d->wrote_inputs) return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: /inputs written twice", d->tmp);
+    /* The same checks a replay will apply, so we never write inputs we could not read back. */
+    in_shape s[IN_N] = {{0}};
+    for (int k = 0; k < IN_N; k++) {
+        const fs_tensor *t = input_tensor(in, k);
+        s[k].present = k == IN_GUID ? in->has_guidance : t->data != NULL;
+        s[k].ndim = t->ndim;
+        for (int i = 0; i < t->ndim && i < FS_MAX_DIMS; i++) s[k].shape[i] = t->shape[i];
+    }
+    in_sizes z;
+    if ((rc = check_inputs(&d->cfg, s, d->tmp, &z, e))) {
+        d->failed = 1;
+        if (e) e->code = FS_E_INTERNAL; /* our own inputs disagree with our config: a bug */
+        return FS_E_INTERNAL;
+    }
+    if (z.B != in->B || z.S_img != in->S_img || z.S_txt != in->S_txt || z.n != in->n_steps)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL,
+                         "%s: fs_inputs says B=%d S_img=%d S_txt=%d n_steps=%d but its tensors say %d/%d/%d/%d", d->tmp,
+                         in->B, in->S_img, in->S_txt, in->n_steps, z.B, z.S_img, z.S_txt, z.n);
+    hid_t g = H5Gcreate2(d->file, "inputs", H5P_DEFAULT, d->gcpl, H5P_DEFAULT);
+    if (g < 0) return DUMP_FAIL(d, e, FS_E_IO, "%s: /inputs: cannot create: %s", d->tmp, h5_cause(cause));
+    /* Everything in the run dtype, ids and schedule included, as the reference does. */
+    for (int k = 0; k < IN_N && !rc; k++)
+        if (s[k].present) rc = write_dataset(d, g, "/inputs", in_names[k], input_tensor(in, k), d->dt, e);
+    H5Gclose(g);
+    if (!rc) d->wrote_inputs = 1;
+    return rc;
+}
+
+int fs_dump_begin_step(fs_dump *d, int step, double timestep, double sigma, double sigma_next, fs_err *e)
+{
+    char cause[256], name[32];
+    int rc = check_usable(d, "begin step", e);
+    if (rc) return rc;
+    if (d->step >= 0)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: step_%04d begun while step_%04d is still open", d->tmp, step,
+                         d->step_no);
+    if (step < 0) return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: negative step number %d", d->tmp, step);
+    snprintf(name, sizeof name, "step_%04d", step);
+    if (H5Lexists(d->file, name, H5P_DEFAULT) > 0)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: /%s written twice", d->tmp, name);
+    d->step = H5Gcreate2(d->file, name, H5P_DEFAULT, d->gcpl, H5P_DEFAULT);
+    if (d->step < 0) return DUMP_FAIL(d, e, FS_E_IO, "%s: /%s: cannot create: %s", d->tmp, name, h5_cause(cause));
+    d->step_no = step;
+    if (put_f64(d->step, "timestep", timestep) < 0 || put_f64(d->step, "sigma", sigma) < 0 ||
+        put_f64(d->step, "sigma_next", sigma_next) < 0 || put_str(d->step, "recorded_modules", "all") < 0)
+        return DUMP_FAIL(d, e, FS_E_IO, "%s: /%s: attributes: write failed: %s", d->tmp, name, h5_cause(cause));
+    return FS_OK;
+}
+
+int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e)
+{
+    char where[32];
+    int rc = check_usable(d, "record", e);
+    if (rc) return rc;
+    if (d->step < 0)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: '%s' recorded outside a step (no fs_dump_begin_step)", d->tmp,
+                         name ? name : "(null)");
+    snprintf(where, sizeof where, "/step_%04d", d->step_no);
+    /* '/' would silently create nested groups and "." is the group itself. */
+    if (!name || !*name || strchr(name, '/') || !strcmp(name, "."))
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s: invalid dataset name '%s'", d->tmp, where, name ? name : "");
+    if (H5Lexists(d->step, name, H5P_DEFAULT) > 0)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s recorded twice in one step", d->tmp, where, name);
+    if (d->n_order == d->cap_order) {
+        int cap = d->cap_order ? 2 * d->cap_order : 256;
+        char **o = realloc(d->order, (size_t)cap * sizeof *o);
+        if (!o) return DUMP_FAIL(d, e, FS_E_NOMEM, "%s: out of memory", d->tmp);
+        d->order = o;
+        d->cap_order = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy) return DUMP_FAIL(d, e, FS_E_NOMEM, "%s: out of memory", d->tmp);
+    if ((rc = write_dataset(d, d->step, where, name, t, t->dtype, e))) {
+        free(copy);
+        return rc;
+    }
+    d->order[d->n_order++] = copy;
+    return FS_OK;
+}
+
+static void free_order(fs_dump *d)
+{
+    for (int i = 0; i < d->n_order; i++) free(d->order[i]);
+    d->n_order = 0;
+}
+
+int fs_dump_end_step(fs_dump *d, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "end step", e);
+    if (rc) return rc;
+    if (d->step < 0) return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: end of a step that was not begun", d->tmp);
+    herr_t r = put_str_attr(d->step, "order", (const char *const *)d->order, (hsize_t)d->n_order, 0);
+    herr_t c = H5Gclose(d->step);
+    d->step = -1;
+    free_order(d);
+    if (r < 0 || c < 0)
+        return DUMP_FAIL(d, e, FS_E_IO, "%s: /step_%04d: attribute order: write failed: %s", d->tmp, d->step_no,
+                         h5_cause(cause));
+    return FS_OK;
+}
+
+int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e)
+{
+    char cause[256];
+    int rc = check_usable(d, "write final", e);
+    if (rc) return rc;
+    if (d->step >= 0)
+        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: /final written while step_%04d is still open", d->tmp, d->step_no);
+    if (d->wrote_final) return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: /final written twice", d->tmp);
+    hid_t g = H5Gcreate2(d->file, "final", H5P_DEFAULT, d->gcpl, H5P_DEFAULT);
+    if (g < 0) return DUMP_FAIL(d, e, FS_E_IO, "%s: /final: cannot create: %s", d->tmp, h5_cause(cause));
+    rc = write_dataset(d, g, "/final", "latents", latents, d->dt, e);
+    H5Gclose(g);
+    if (!rc) d->wrote_final = 1;
+    return rc;
+}
+
+/* Releases everything but the file on disk. */
+static void dump_free(fs_dump *d)
+{
+    if (d->step >= 0) H5Gclose(d->step);
+    if (d->gcpl >= 0) H5Pclose(d->gcpl);
+    if (d->file >= 0) H5Fclose(d->file);
+    free_order(d);
+    free(d->order);
+    free(d->path);
+    free(d->tmp);
+    free(d);
+}
+
+int fs_dump_close(fs_dump *d, fs_err *e)
+{
+    char cause[256];
+    if (!d) return fs_errf(e, FS_E_INTERNAL, "close of a NULL dump");
+    int rc = FS_OK;
+    if (d->failed) {
+        rc = fs_errf(e, FS_E_IO, "%s: not written: an earlier write to %s failed", d->path, d->tmp);
+        goto fail;
+    }
+    if (d->step >= 0) {
+        rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: step_%04d was never ended", d->path, d->step_no);
+        goto fail;
+    }
+    H5Pclose(d->gcpl);
+    d->gcpl = -1;
+    herr_t fl = H5Fflush(d->file, H5F_SCOPE_GLOBAL);
+    herr_t cl = H5Fclose(d->file);
+    d->file = -1;
+    if (fl < 0 || cl < 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: not written: closing %s failed: %s", d->path, d->tmp, h5_cause(cause));
+        goto fail;
+    }
+    /* fsync before rename: otherwise a power loss right after the rename can leave a complete-
+     * looking name with incomplete content on some filesystems. */
+    int fd = open(d->tmp, O_RDONLY);
+    if (fd < 0 || fsync(fd) < 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: not written: syncing %s failed: %s", d->path, d->tmp, strerror(errno));
+        if (fd >= 0) close(fd);
+        goto fail;
+    }
+    close(fd);
+    if (rename(d->tmp, d->path) < 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: cannot move %s into place: %s", d->path, d->tmp, strerror(errno));
+        goto fail;
+    }
+    dump_free(d);
+    return FS_OK;
+fail:
+    fs_dump_abort(d);
+    return rc;
+}
+
+void fs_dump_abort(fs_dump *d)
+{
+    if (!d) return;
+    char *tmp = strdup(d->tmp);
+    dump_free(d); /* closes the file first: unlinking an open HDF5 file is fine on POSIX, but
+                     closing first keeps HDF5 from writing into a deleted inode */
+    if (tmp) unlink(tmp);
+    free(tmp);
+}
+
+static int record_cb(void *ctx, const char *name, const fs_tensor *t, fs_err *e)
+{
+    return fs_dump_record(ctx, name, t, e);
+}
+
+fs_recorder fs_dump_recorder(fs_dump *d) { return (fs_recorder){.fn = record_cb, .ctx = d}; }
+
+/* ---------- reader ---------- */
+
+int fs_dump_read_inputs(const char *path, fs_dtype dt, fs_config *cfg, fs_inputs *in, fs_err *e)
+{
+    memset(in, 0, sizeof *in);
+    fo_file *f = NULL;
+    fo_dataset ds = {0};
+    int rc = fo_file_open(&f, path, e);
+    if (rc) return rc;
+    if ((rc = fs_config_from_json(cfg, fo_file_config(f), path, e))) goto out;
+    if (!fo_is_group(f, "/inputs")) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: no /inputs group: this dump cannot be replayed", path);
+        goto out;
+    }
+    in_shape s[IN_N] = {{0}};
+    char p[64];
+    for (int k = 0; k < IN_N; k++) {
+        snprintf(p, sizeof p, "/inputs/%s", in_names[k]);
+        if (!fo_is_dataset(f, p)) continue;
+        if ((rc = fo_dataset_info(f, p, &ds, e))) goto out;
+        s[k].present = 1;
+        s[k].ndim = ds.ndim;
+        memcpy(s[k].shape, ds.shape, sizeof s[k].shape);
+    }
+    in_sizes z;
+    if ((rc = check_inputs(cfg, s, path, &z, e))) goto out;
+    in->B = z.B;
+    in->S_img = z.S_img;
+    in->S_txt = z.S_txt;
+    in->n_steps = z.n;
+    in->has_guidance = s[IN_GUID].present;
+    for (int k = 0; k < IN_N; k++) {
+        if (!s[k].present) continue;
+        snprintf(p, sizeof p, "/inputs/%s", in_names[k]);
+        if ((rc = fo_dataset_read(f, p, &ds, e))) goto out;
+        /* Activations go to the run dtype; positions and the schedule stay float64 so a float32
+         * file's values arrive unchanged and a float64 run keeps full precision. */
+        fs_tensor *t = (fs_tensor *)input_tensor(in, k);
+        fs_dtype tdt = k <= IN_POOLED ? dt : FS_F64;
+        if ((rc = fs_tensor_alloc(t, tdt, ds.ndim, ds.shape, e))) {
+            fs_err_prefix(e, "%s: %s: ", path, p);
+            goto out;
+        }
+        for (int64_t i = 0; i < ds.numel; i++) {
+            if (!isfinite(ds.data[i])) {
+                rc = fs_errf(e, FS_E_INPUT, "%s: %s: element %lld is %g: inputs must be finite", path, p, (long long)i,
+                             ds.data[i]);
+                goto out;
+            }
+            fs_tensor_set(t, i, ds.data[i]);
+        }
+    }
+out:
+    if (rc) fs_inputs_free(in);
+    fo_dataset_free(&ds);
+    fo_file_close(f);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/* fs_dump.h — flux-dump v1 (../shared/flux-dump.md, docs/dump-format.md) writer and input reader.
+ *
+ * Writing: the file is created as "<path>.tmp.<pid>" and renamed to <path> only by a successful
+ * fs_dump_close, so a crash, a kill or an error never leaves a file that looks complete;
+ * fs_dump_abort removes the temporary. Datasets are written in the run's dtype, in the order
+ * they are recorded, and each step group gets its `order` attribute when it ends. */
+#ifndef FS_DUMP_H
+#define FS_DUMP_H
+
+#include "fs_config.h"
+#include "fs_inputs.h"
+#include "fs_record.h"
+
+typedef struct fs_dump fs_dump;
+
+/* Creates the temporary file and writes the root attributes (format, version, producer, dtype,
+ * config). Extra root attributes (scheduler_config, num_inference_steps, parallel, ...) go
+ * through fs_dump_set_attr_*. A directory that does not exist or cannot be written is an
+ * FS_E_IO error naming the path and the OS's reason. producer NULL means "flux-sim". */
+int fs_dump_create(fs_dump **d, const char *path, const fs_config *cfg, fs_dtype dt, const char *producer,
+                   fs_err *e);
+/* Root attributes, written like h5py writes a str / int / float. Setting a name again replaces
+ * it; `format` and `version` are the writer's and are refused. */
+int fs_dump_set_attr_string(fs_dump *d, const char *name, const char *value, fs_err *e);
+int fs_dump_set_attr_int(fs_dump *d, const char *name, int64_t value, fs_err *e);
+int fs_dump_set_attr_double(fs_dump *d, const char *name, double value, fs_err *e);
+/* "<path>.tmp.<pid>": where the data goes until fs_dump_close (for messages and tests). */
+const char *fs_dump_tmp_path(const fs_dump *d);
+int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e);
+/* Opens group /step_%04d with attributes timestep, sigma, sigma_next. */
+int fs_dump_begin_step(fs_dump *d, int step, double timestep, double sigma, double sigma_next, fs_err *e);
+/* Writes one dataset in the current step group (shape and dtype of t) and appends its name to
+ * the step's `order`. A name recorded twice in one step is an error (a bug in the producer). */
+int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e);
+/* Writes the `order` attribute and closes the step group. */
+int fs_dump_end_step(fs_dump *d, fs_err *e);
+int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e);
+/* Flushes, fsyncs, closes and renames into place. Frees d in every case. Refuses (and deletes
+ * the temporary) when an earlier call failed or a step was never ended, so a dump whose producer
+ * ignored an error never appears at <path>. */
+int fs_dump_close(fs_dump *d, fs_err *e);
+/* Closes and deletes the temporary. Frees d. Safe on NULL. */
+void fs_dump_abort(fs_dump *d);
+/* A recorder whose fn writes into the current step (fs_dump_record). */
+fs_recorder fs_dump_recorder(fs_dump *d);
+
+/* Reads the `config` root attribute and the /inputs group of any flux-dump (ours, or one written
+ * by h5py from PyTorch). Inputs are converted to dtype `dt` (ids, guidance, sigmas, timesteps
+ * are always float64). Errors name the file and the dataset: not HDF5, not a flux-dump, a
+ * newer version, no /inputs, a missing or mis-shaped dataset. */
+int fs_dump_read_inputs(const char *path, fs_dtype dt, fs_config *cfg, fs_inputs *in, fs_err *e);
+
+#endif

@@ -1,0 +1,27 @@
+/* fs_inputs.h — what FluxPipeline feeds the transformer, for a whole sampling run.
+ *
+ * Either generated from a seed for a token grid (fs_inputs_generate, fs_sampler.c), or read from
+ * the /inputs group of any flux-dump (fs_dump_read_inputs, fs_dump.c) so a GPU run is replayed
+ * exactly: same noise, text embeddings, ids, sigmas and timesteps. */
+#ifndef FS_INPUTS_H
+#define FS_INPUTS_H
+
+#include "fs_config.h"
+#include "fs_tensor.h"
+
+typedef struct fs_inputs {
+    int B, S_img, S_txt, n_steps;
+    fs_tensor hidden_states;          /* [B, S_img, in_channels], run dtype: the initial noise */
+    fs_tensor encoder_hidden_states;  /* [B, S_txt, joint_attention_dim], run dtype */
+    fs_tensor pooled_projections;     /* [B, pooled_projection_dim], run dtype */
+    fs_tensor img_ids;                /* [S_img, 3], float64 (integer positions) */
+    fs_tensor txt_ids;                /* [S_txt, 3], float64 */
+    int has_guidance;
+    fs_tensor guidance;               /* [B], float64: the pipeline's value, e.g. 3.5 */
+    fs_tensor sigmas;                 /* [n_steps + 1], float64, final 0 included */
+    fs_tensor timesteps;              /* [n_steps], float64: exactly what the transformer gets */
+} fs_inputs;
+
+void fs_inputs_free(fs_inputs *in);
+
+#endif

@@ -1,0 +1,41 @@
+/* fs_model.h — the FLUX.1 transformer forward (diffusers FluxTransformer2DModel), one rank.
+ *
+ * fs_model_forward is the model's forward(): it takes one step's inputs and returns the
+ * velocity prediction `proj_out`, calling the recorder with every module output that diffusers'
+ * forward hooks would see (../shared/flux-spec.md §5), in hook firing order. One function per
+ * diffusers module (fs_model.c), named after the module it implements. */
+#ifndef FS_MODEL_H
+#define FS_MODEL_H
+
+#include "fs_backend.h"
+#include "fs_record.h"
+#include "fs_weights.h"
+
+typedef struct fs_model {
+    fs_config cfg;
+    fs_dtype dtype;
+    const fs_weights *w;
+    fs_backend *be;
+    fs_recorder rec;  /* fn == NULL: record nothing */
+} fs_model;
+
+/* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],
+ * pooled [B,pooled] in the run dtype; timestep[B] exactly as FluxPipeline passes it (σ-like,
+ * already divided by 1000); guidance[B] (e.g. 3.5) or NULL when the config has no guidance
+ * embedder; img_ids [S_img,3], txt_ids [S_txt,3] float64. `out` is allocated here:
+ * [B, S_img, out_width]. */
+int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
+                     const fs_tensor *pooled, const double *timestep, const double *guidance,
+                     const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);
+
+/* Building blocks exposed for unit tests (all follow diffusers' arithmetic order). */
+
+/* Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin] of t·freq_j,
+ * freq_j = exp(-ln(10000)·j/128). In an fp32 run evaluated in float32 exactly as diffusers
+ * does (this dominates diffusers' own fp32 error); in fp64 in double. t [B] → out [B, 256]. */
+int fs_time_proj(fs_dtype dt, const double *t, int B, fs_tensor *out, fs_err *e);
+/* FluxPosEmbed: ids [S,3] float64 → cos, sin [S, Dh] in `dt` (angles in float64, as diffusers
+ * on CPU/CUDA), each axis' table repeat_interleave'd ([c0,c0,c1,c1,…]) and axes concatenated. */
+int fs_pos_embed(fs_dtype dt, const fs_config *c, const fs_tensor *ids, fs_tensor *cos, fs_tensor *sin, fs_err *e);
+
+#endif

@@ -1,0 +1,33 @@
+#include "fs_rng.h"
+
+#include <math.h>
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t fs_rng_key(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64 */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    return mix64(h ^ mix64(seed + 0x9e3779b97f4a7c15ULL));
+}
+
+double fs_rng_uniform(uint64_t key, uint64_t index, uint32_t lane)
+{
+    uint64_t x = mix64(mix64(key ^ (index * 0x9e3779b97f4a7c15ULL)) + lane * 0xd1b54a32d192ed03ULL + 1);
+    /* 53 random bits -> (0, 1): add half an ulp so 0 is impossible, and 1 cannot be reached. */
+    return ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+double fs_rng_normal(uint64_t key, uint64_t index)
+{
+    double u1 = fs_rng_uniform(key, index, 0), u2 = fs_rng_uniform(key, index, 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}

@@ -1,0 +1,640 @@
+#include "fs_safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fs_safetensors.c reads little-endian data in place; a big-endian host needs byte swapping here"
+#endif
+
+/* The safetensors reference implementation refuses headers above 100 MB; so do we, so that a
+ * corrupted length cannot make cJSON chew through a multi-GB mapping. */
+#define FS_ST_MAX_HEADER (100u * 1000u * 1000u)
+/* Largest integer a JSON number (a double in cJSON) holds exactly. */
+#define FS_ST_MAX_JSON_INT 9007199254740992.0
+
+static const struct {
+    const char *name;
+    size_t size;
+} st_dtypes[] = {
+    [FS_ST_F32] = {"F32", 4},
+    [FS_ST_F64] = {"F64", 8},
+    [FS_ST_BF16] = {"BF16", 2},
+    [FS_ST_F16] = {"F16", 2},
+};
+
+const char *fs_st_dtype_name(fs_st_dtype dt) { return st_dtypes[dt].name; }
+size_t fs_st_dtype_size(fs_st_dtype dt) { return st_dtypes[dt].size; }
+
+int64_t fs_st_numel(const fs_st_entry *en)
+{
+    int64_t n = 1;
+    for (int i = 0; i < en->ndim; i++) n *= en->shape[i];
+    return n;
+}
+
+static const char *shape_str(const int64_t *shape, int ndim, char *buf, size_t n)
+{
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+/* A short, printable excerpt of arbitrary bytes for "malformed JSON near '...'" messages: the
+ * header of a damaged file may hold binary garbage that must not end up on a terminal. */
+static const char *excerpt(const char *p, const char *end, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (; p < end && o + 1 < n && o < 24; p++) buf[o++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+    buf[o] = 0;
+    return buf;
+}
+
+static int cmp_entry_name(const void *a, const void *b)
+{
+    return strcmp(((const fs_st_entry *)a)->name, ((const fs_st_entry *)b)->name);
+}
+
+static int cmp_entry_ptr_name(const void *a, const void *b)
+{
+    return strcmp((*(const fs_st_entry *const *)a)->name, (*(const fs_st_entry *const *)b)->name);
+}
+
+static int cmp_entry_ptr_offset(const void *a, const void *b)
+{
+    const fs_st_entry *x = *(const fs_st_entry *const *)a, *y = *(const fs_st_entry *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* A JSON number that is a non-negative integer exactly representable in a double. */
+static int json_uint(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v)) return 0;
+    double d = v->valuedouble;
+    if (!(d >= 0) || d > FS_ST_MAX_JSON_INT || d != floor(d)) return 0;
+    *out = (uint64_t)d;
+    return 1;
+}
+
+/* Validates one header member and fills *en (name already set). data_len: bytes after the header. */
+static int parse_entry(const char *path, const cJSON *it, fs_st_entry *en, uint64_t data_len, fs_err *e)
+{
+    const char *nm = en->name;
+    if (!cJSON_IsObject(it))
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': header entry is not a JSON object", path, nm);
+
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+    if (!dt) return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': no dtype in header entry", path, nm);
+    if (!cJSON_IsString(dt))
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': dtype is not a string", path, nm);
+    int found = 0;
+    for (size_t k = 0; k < FS_ARRAY_LEN(st_dtypes); k++)
+        if (!strcmp(dt->valuestring, st_dtypes[k].name)) {
+            en->dtype = (fs_st_dtype)k;
+            found = 1;
+        }
+    if (!found)
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': unsupported dtype '%.32s' (flux-sim reads F32, F64, BF16, F16)",
+                       path, nm, dt->valuestring);
+
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+    if (!sh) return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': no shape in header entry", path, nm);
+    if (!cJSON_IsArray(sh)) return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': shape is not an array", path, nm);
+    int nd = cJSON_GetArraySize(sh);
+    if (nd > FS_MAX_DIMS)
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': shape has %d dimensions, flux-sim supports at most %d", path,
+                       nm, nd, FS_MAX_DIMS);
+    en->ndim = nd;
+    /* numel * elemsize without wrapping: a crafted shape must not multiply around to match a
+     * small data_offsets span. */
+    uint64_t nbytes = st_dtypes[en->dtype].size;
+    for (int d = 0; d < nd; d++) {
+        uint64_t v;
+        if (!json_uint(cJSON_GetArrayItem(sh, d), &v))
+            return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': shape[%d] is not a non-negative integer", path, nm, d);
+        en->shape[d] = (int64_t)v;
+        if (v && nbytes > UINT64_MAX / v)
+            return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': shape overflows 64-bit byte count", path, nm);
+        nbytes *= v;
+    }
+
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+    if (!off) return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': no data_offsets in header entry", path, nm);
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !json_uint(cJSON_GetArrayItem(off, 0), &en->begin) ||
+        !json_uint(cJSON_GetArrayItem(off, 1), &en->end))
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': data_offsets is not [begin, end] of non-negative integers",
+                       path, nm);
+    if (en->end < en->begin)
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin", path, nm,
+                       (unsigned long long)en->begin, (unsigned long long)en->end);
+    char sb[96];
+    if (en->end - en->begin != nbytes)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%llu, %llu] span %llu",
+                       path, nm, shape_str(en->shape, nd, sb, sizeof sb), st_dtypes[en->dtype].name,
+                       (unsigned long long)nbytes, (unsigned long long)en->begin, (unsigned long long)en->end,
+                       (unsigned long long)(en->end - en->begin));
+    if (en->end > data_len)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data region (%llu bytes; "
+                       "truncated file?)",
+                       path, nm, (unsigned long long)en->begin, (unsigned long long)en->end,
+                       (unsigned long long)data_len);
+    return FS_OK;
+}
+
+/* Parses and validates the header of the mapped file f (f->map, f->map_len set). */
+static int parse_header(fs_st_file *f, fs_err *e)
+{
+    const char *path = f->path;
+    const unsigned char *m = f->map;
+    uint64_t hlen;
+    memcpy(&hlen, m, 8);
+    if (hlen > f->map_len - 8)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: header length %llu is beyond the file size (%zu bytes): not a safetensors file, or "
+                       "truncated",
+                       path, (unsigned long long)hlen, f->map_len);
+    if (hlen > FS_ST_MAX_HEADER)
+        return fs_errf(e, FS_E_INPUT, "%s: header length %llu exceeds the 100 MB safetensors limit", path,
+                       (unsigned long long)hlen);
+    f->data_start = 8 + (size_t)hlen;
+    const uint64_t data_len = f->map_len - f->data_start;
+    const char *js = (const char *)m + 8, *jend = js + hlen, *stop = NULL;
+    char xb[32];
+
+    /* WithLength: the header is not NUL-terminated (binary data follows it). */
+    cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hlen, &stop, 0);
+    if (!root) {
+        const char *at = stop && stop >= js && stop <= jend ? stop : js;
+        while (at > js && at >= jend) at--; /* cJSON points one past the end on truncated input */
+        return fs_errf(e, FS_E_INPUT, "%s: malformed JSON header at byte %zu of %llu: '%s'", path,
+                       (size_t)(at - js) + 8, (unsigned long long)hlen + 8, excerpt(at, jend, xb, sizeof xb));
+    }
+    int rc = FS_OK;
+    /* The writer pads the header with spaces to an 8-byte boundary; anything else after the
+     * JSON value means the length is wrong or the header is damaged. */
+    for (const char *p = stop; p && p < jend; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            rc = fs_errf(e, FS_E_INPUT, "%s: malformed JSON header: trailing bytes after the JSON value at byte %zu: "
+                                        "'%s'", path, (size_t)(p - js) + 8, excerpt(p, jend, xb, sizeof xb));
+            goto out;
+        }
+    if (!cJSON_IsObject(root)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: header is not a JSON object", path);
+        goto out;
+    }
+
+    int cap = cJSON_GetArraySize(root);
+    f->ent = calloc(cap ? (size_t)cap : 1, sizeof *f->ent);
+    if (!f->ent) {
+        rc = fs_errf(e, FS_E_NOMEM, "%s: out of memory for %d header entries", path, cap);
+        goto out;
+    }
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (!it->string) continue; /* cannot happen for an object member */
+        if (!strcmp(it->string, "__metadata__")) continue; /* free-form string map; not ours */
+        fs_st_entry *en = &f->ent[f->n];
+        if (!(en->name = strdup(it->string))) {
+            rc = fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        f->n++;
+        if ((rc = parse_entry(path, it, en, data_len, e))) goto out;
+        en->data = m + f->data_start + en->begin;
+    }
+
+    qsort(f->ent, (size_t)f->n, sizeof *f->ent, cmp_entry_name);
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(f->ent[i - 1].name, f->ent[i].name)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: tensor '%s' appears twice in the header", path, f->ent[i].name);
+            goto out;
+        }
+
+    /* Overlap: sort the non-empty byte ranges by start; each must begin at or after the end of
+     * the previous one. (A zero-byte tensor occupies nothing, wherever its offsets point.) */
+    const fs_st_entry **by_off = malloc((f->n ? (size_t)f->n : 1) * sizeof *by_off);
+    if (!by_off) {
+        rc = fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    int m_ = 0;
+    for (int i = 0; i < f->n; i++)
+        if (f->ent[i].end > f->ent[i].begin) by_off[m_++] = &f->ent[i];
+    qsort(by_off, (size_t)m_, sizeof *by_off, cmp_entry_ptr_offset);
+    for (int i = 1; i < m_; i++)
+        if (by_off[i]->begin < by_off[i - 1]->end) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap in the data region",
+                         path, by_off[i - 1]->name, (unsigned long long)by_off[i - 1]->begin,
+                         (unsigned long long)by_off[i - 1]->end, by_off[i]->name,
+                         (unsigned long long)by_off[i]->begin, (unsigned long long)by_off[i]->end);
+            break;
+        }
+    free(by_off);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int fs_st_open(fs_st_file *f, const char *path, fs_err *e)
+{
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return fs_errf(e, FS_E_IO, "%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: not a regular file", path);
+    }
+    if (st.st_size < 8) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: file is %lld bytes, shorter than the 8-byte header length that starts a safetensors file",
+                       path, (long long)st.st_size);
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd); /* the mapping keeps the file alive */
+    if (map == MAP_FAILED) return fs_errf(e, FS_E_IO, "%s: cannot mmap %lld bytes: %s", path, (long long)st.st_size,
+                                          strerror(err));
+    f->map = map;
+    f->map_len = (size_t)st.st_size;
+    if (!(f->path = strdup(path))) {
+        fs_st_close(f);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    int rc = parse_header(f, e);
+    if (rc) fs_st_close(f);
+    return rc;
+}
+
+const fs_st_entry *fs_st_find(const fs_st_file *f, const char *name)
+{
+    fs_st_entry key = {.name = (char *)name};
+    return f->n ? bsearch(&key, f->ent, (size_t)f->n, sizeof *f->ent, cmp_entry_name) : NULL;
+}
+
+void fs_st_release_map(fs_st_file *f, void **addr, size_t *len)
+{
+    *addr = f->map;
+    *len = f->map_len;
+    f->map = NULL;
+    f->map_len = 0;
+}
+
+void fs_st_close(fs_st_file *f)
+{
+    if (!f) return;
+    for (int i = 0; i < f->n; i++) free(f->ent[i].name);
+    free(f->ent);
+    if (f->map) munmap(f->map, f->map_len);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+/* ---- archive ---- */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+    char *p = NULL;
+    if (name[0] == '/') return strdup(name);
+    if (asprintf(&p, "%s%s%s", dir, (*dir && !ends_with(dir, "/")) ? "/" : "", name) < 0) return NULL;
+    return p;
+}
+
+/* Every entry of every file into a->idx, sorted by name; a name in two files is an error. */
+static int build_index(fs_st_archive *a, fs_err *e)
+{
+    int n = 0;
+    for (int i = 0; i < a->nfiles; i++) n += a->files[i].n;
+    a->idx = malloc((n ? (size_t)n : 1) * sizeof *a->idx);
+    if (!a->idx) return fs_errf(e, FS_E_NOMEM, "%s: out of memory", a->path);
+    for (int i = 0; i < a->nfiles; i++)
+        for (int j = 0; j < a->files[i].n; j++) {
+            a->files[i].ent[j].file = i;
+            a->idx[a->n++] = &a->files[i].ent[j];
+        }
+    qsort(a->idx, (size_t)a->n, sizeof *a->idx, cmp_entry_ptr_name);
+    for (int i = 1; i < a->n; i++)
+        if (!strcmp(a->idx[i - 1]->name, a->idx[i]->name))
+            return fs_errf(e, FS_E_INPUT, "%s: tensor '%s' is in both %s and %s", a->path, a->idx[i]->name,
+                           a->files[a->idx[i - 1]->file].path, a->files[a->idx[i]->file].path);
+    return FS_OK;
+}
+
+static int open_single(fs_st_archive *a, const char *file, fs_err *e)
+{
+    if (!(a->files = calloc(1, sizeof *a->files))) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    int rc = fs_st_open(&a->files[0], file, e);
+    if (rc) return rc;
+    a->nfiles = 1;
+    return build_index(a, e);
+}
+
+static int read_text(const char *path, char **out, fs_err *e)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        fclose(f);
+        return fs_errf(e, FS_E_INPUT, "%s: not a regular file of at most 64 MiB", path);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || got != (size_t)st.st_size) {
+        free(buf);
+        return fs_errf(e, FS_E_IO, "%s: read error", path);
+    }
+    buf[got] = 0;
+    *out = buf;
+    return FS_OK;
+}
+
+static int open_index(fs_st_archive *a, const char *index, fs_err *e)
+{
+    char *text = NULL, *dir = NULL;
+    char **shards = NULL;
+    int nshards = 0, rc;
+    cJSON *root = NULL;
+    if ((rc = read_text(index, &text, e))) return rc;
+    root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        char xb[32];
+        rc = fs_errf(e, FS_E_INPUT, "%s: malformed JSON %s%s%s", index, at && *at ? "near '" : "(ends too early)",
+                     at && *at ? excerpt(at, at + strlen(at), xb, sizeof xb) : "", at && *at ? "'" : "");
+        goto out;
+    }
+    const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(wm)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: no \"weight_map\" object (not a safetensors index)", index);
+        goto out;
+    }
+    int nmembers = cJSON_GetArraySize(wm);
+    if (nmembers == 0) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: weight_map is empty", index);
+        goto out;
+    }
+    /* Distinct shard names, in order of first appearance. */
+    if (!(shards = calloc((size_t)nmembers, sizeof *shards))) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (const cJSON *it = wm->child; it; it = it->next) {
+        if (!cJSON_IsString(it) || !*it->valuestring) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: weight_map entry for tensor '%s' is not a file name", index, it->string);
+            goto out;
+        }
+        int k = 0;
+        while (k < nshards && strcmp(shards[k], it->valuestring)) k++;
+        if (k == nshards) shards[nshards++] = it->valuestring; /* borrowed from root */
+    }
+    const char *slash = strrchr(index, '/');
+    dir = slash ? strndup(index, (size_t)(slash - index + 1)) : strdup("");
+    if (!dir || !(a->files = calloc((size_t)nshards, sizeof *a->files))) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < nshards; k++) {
+        char *p = path_join(dir, shards[k]);
+        if (!p) {
+            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            goto out;
+        }
+        rc = fs_st_open(&a->files[k], p, e);
+        free(p);
+        if (rc) {
+            fs_err_prefix(e, "%s names shard '%s': ", index, shards[k]);
+            goto out;
+        }
+        a->nfiles++;
+    }
+    /* Both directions: every weight_map name is in the shard it names, and every tensor of a
+     * shard is listed under that shard (a stray tensor would otherwise be loaded silently). */
+    for (const cJSON *it = wm->child; it; it = it->next) {
+        int k = 0;
+        while (strcmp(shards[k], it->valuestring)) k++;
+        if (!fs_st_find(&a->files[k], it->string)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: weight_map puts tensor '%s' in %s, but that file has no such tensor",
+                         index, it->string, a->files[k].path);
+            goto out;
+        }
+    }
+    for (int k = 0; k < nshards; k++)
+        for (int j = 0; j < a->files[k].n; j++) {
+            const char *nm = a->files[k].ent[j].name;
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(wm, nm);
+            if (!v || strcmp(v->valuestring, shards[k])) {
+                rc = fs_errf(e, FS_E_INPUT, "%s: tensor '%s' is in %s but weight_map %s%s", index, nm,
+                             a->files[k].path, v ? "puts it in " : "does not list it", v ? v->valuestring : "");
+                goto out;
+            }
+        }
+    if ((rc = build_index(a, e))) goto out;
+    if (a->n != nmembers) /* only duplicate weight_map keys get here: every other case failed above */
+        rc = fs_errf(e, FS_E_INPUT, "%s: weight_map lists %d names for %d distinct tensors (duplicate keys)", index,
+                     nmembers, a->n);
+out:
+    free(shards);
+    free(dir);
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Chooses what to open inside a directory: the one index, else the one .safetensors. */
+static int open_dir(fs_st_archive *a, const char *dir, fs_err *e)
+{
+    DIR *d = opendir(dir);
+    if (!d) return fs_errf(e, FS_E_INPUT, "%s: cannot open directory: %s", dir, strerror(errno));
+    char *idx[2] = {0}, *st[2] = {0};
+    int nidx = 0, nst = 0, rc = FS_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        /* Keep the first two names of each kind: enough to open the one, or to name two in the
+         * error when there are several. */
+        char **slot = NULL;
+        if (ends_with(de->d_name, ".safetensors.index.json")) {
+            if (nidx < 2) slot = &idx[nidx];
+            nidx++;
+        } else if (ends_with(de->d_name, ".safetensors")) {
+            if (nst < 2) slot = &st[nst];
+            nst++;
+        }
+        if (slot && !(*slot = strdup(de->d_name))) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    closedir(d);
+    if (rc) goto out;
+    if (nidx >= 2) {
+        qsort(idx, 2, sizeof *idx, cmp_str);
+        rc = fs_errf(e, FS_E_INPUT, "%s: %d *.safetensors.index.json files (%s, %s, ...); name the one to load", dir,
+                     nidx, idx[0], idx[1]);
+    } else if (nidx == 0 && nst == 0) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: directory holds no *.safetensors file and no *.safetensors.index.json", dir);
+    } else if (nidx == 0 && nst >= 2) {
+        qsort(st, 2, sizeof *st, cmp_str);
+        rc = fs_errf(e, FS_E_INPUT,
+                     "%s: %d *.safetensors files (%s, %s, ...) but no *.safetensors.index.json to say which tensor is "
+                     "where; name one file",
+                     dir, nst, st[0], st[1]);
+    } else {
+        char *p = path_join(dir, nidx ? idx[0] : st[0]);
+        if (!p) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        else rc = nidx ? open_index(a, p, e) : open_single(a, p, e);
+        free(p);
+    }
+out:
+    for (int i = 0; i < 2; i++) free(idx[i]), free(st[i]);
+    return rc;
+}
+
+int fs_st_archive_open(fs_st_archive *a, const char *path, fs_err *e)
+{
+    memset(a, 0, sizeof *a);
+    struct stat st;
+    if (stat(path, &st) != 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    if (!(a->path = strdup(path))) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    int rc;
+    if (S_ISDIR(st.st_mode)) rc = open_dir(a, path, e);
+    else if (ends_with(path, ".json")) rc = open_index(a, path, e);
+    else rc = open_single(a, path, e);
+    if (rc) fs_st_archive_close(a);
+    return rc;
+}
+
+int fs_st_archive_index(const fs_st_archive *a, const char *name)
+{
+    int lo = 0, hi = a->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(a->idx[mid]->name, name);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+const fs_st_entry *fs_st_archive_find(const fs_st_archive *a, const char *name)
+{
+    int i = fs_st_archive_index(a, name);
+    return i < 0 ? NULL : a->idx[i];
+}
+
+const char *fs_st_archive_file_of(const fs_st_archive *a, const fs_st_entry *en)
+{
+    return en->file >= 0 && en->file < a->nfiles ? a->files[en->file].path : "?";
+}
+
+void fs_st_archive_close(fs_st_archive *a)
+{
+    if (!a) return;
+    for (int i = 0; i < a->nfiles; i++) fs_st_close(&a->files[i]);
+    free(a->files);
+    free(a->idx);
+    free(a->path);
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- decoding ---- */
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float fs_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+float fs_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f) return f32_from_bits(sign | 0x7f800000u | (mant << 13)); /* inf, nan (payload kept) */
+    if (exp == 0) {
+        if (!mant) return f32_from_bits(sign); /* ±0 */
+        /* Subnormal half: mant · 2^-24. Normalise so the leading 1 becomes implicit. */
+        int32_t e = 127 - 15 + 1;
+        while (!(mant & 0x400)) {
+            mant <<= 1;
+            e--;
+        }
+        return f32_from_bits(sign | ((uint32_t)e << 23) | ((mant & 0x3ff) << 13));
+    }
+    return f32_from_bits(sign | ((exp - 15 + 127) << 23) | (mant << 13));
+}
+
+/* One loop per (source, destination) pair; memcpy loads because the mapping gives no alignment
+ * guarantee (a header length that is not a multiple of 8 is legal). */
+#define DECODE_LOOP(SRC_T, CONV, DST_T)                                 \
+    do {                                                                \
+        DST_T *d = dst;                                                 \
+        for (int64_t i = 0; i < count; i++) {                           \
+            SRC_T v;                                                    \
+            memcpy(&v, s + (size_t)i * sizeof(SRC_T), sizeof(SRC_T));   \
+            d[i] = (DST_T)CONV(v);                                      \
+        }                                                               \
+    } while (0)
+#define ID(x) (x)
+
+int fs_st_decode(const fs_st_entry *en, int64_t first, int64_t count, fs_dtype dst_dt, void *dst, fs_err *e)
+{
+    int64_t n = fs_st_numel(en);
+    if (first < 0 || count < 0 || first > n || count > n - first)
+        return fs_errf(e, FS_E_INTERNAL, "tensor '%s': decode of elements [%lld, %lld) outside its %lld", en->name,
+                       (long long)first, (long long)(first + count), (long long)n);
+    const unsigned char *s = (const unsigned char *)en->data + (size_t)first * st_dtypes[en->dtype].size;
+    int to64 = dst_dt == FS_F64;
+    switch (en->dtype) {
+    case FS_ST_F32:
+        if (to64) DECODE_LOOP(float, ID, double);
+        else memcpy(dst, s, (size_t)count * 4);
+        break;
+    case FS_ST_F64:
+        if (to64) memcpy(dst, s, (size_t)count * 8);
+        else DECODE_LOOP(double, ID, float);
+        break;
+    case FS_ST_BF16:
+        if (to64) DECODE_LOOP(uint16_t, fs_bf16_to_f32, double);
+        else DECODE_LOOP(uint16_t, fs_bf16_to_f32, float);
+        break;
+    case FS_ST_F16:
+        if (to64) DECODE_LOOP(uint16_t, fs_f16_to_f32, double);
+        else DECODE_LOOP(uint16_t, fs_f16_to_f32, float);
+        break;
+    }
+    return FS_OK;
+}

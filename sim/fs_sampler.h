@@ -1,0 +1,53 @@
+/* fs_sampler.h — FlowMatchEulerDiscreteScheduler + FluxPipeline's denoising loop.
+ *
+ * The sigmas are computed with diffusers' exact float32 arithmetic (spec §8): a float32 value
+ * that differs in the last bit moves every later step, and a GPU run replayed here must see
+ * the same numbers it saw there. */
+#ifndef FS_SAMPLER_H
+#define FS_SAMPLER_H
+
+#include "fs_inputs.h"
+#include "fs_model.h"
+
+typedef struct fs_sched_config {
+    int use_dynamic_shifting;  /* FLUX.1-dev: 1; schnell: 0 */
+    double shift;              /* static shift (schnell 1.0); unused when dynamic */
+    double base_shift, max_shift;
+    int base_image_seq_len, max_image_seq_len;
+} fs_sched_config;
+
+/* "dev" (dynamic shift) or "schnell" (static shift 1.0). */
+int fs_sched_preset(fs_sched_config *s, const char *name, fs_err *e);
+/* calculate_shift(S_img, ...) in float64, as the pipeline does. */
+double fs_sched_mu(const fs_sched_config *s, int image_seq_len);
+/* sigmas[N+1] (final 0) and timesteps[N] = what the transformer is passed (t/1000) for dtype
+ * dt: float32 division for fp32 runs, float64(t_f32)/1000 for fp64 runs (as the reference does). */
+int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype dt, double *sigmas,
+                    double *timesteps, fs_err *e);
+
+/* Inputs generated from a seed for a token grid (grid_h × grid_w image tokens, i.e. a
+ * 16·grid_h × 16·grid_w pixel image). Noise, text embeddings and pooled vector are standard
+ * normal from fs_rng keyed "inputs.<name>" — the packed latents are drawn directly in token
+ * layout. img_ids (0, row, col), txt_ids 0; guidance (if the config has a guidance embedder). */
+typedef struct fs_gen_params {
+    uint64_t seed;
+    int batch, grid_h, grid_w, txt_len, steps;
+    double guidance;
+    fs_sched_config sched;
+} fs_gen_params;
+int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
+
+/* Callbacks around each transformer call (the HDF5 dump, later --check). Any may be NULL. */
+typedef struct fs_step_hooks {
+    int (*begin_step)(void *ctx, int step, double timestep, double sigma, double sigma_next, fs_err *e);
+    int (*end_step)(void *ctx, int step, fs_err *e);
+    void *ctx;
+} fs_step_hooks;
+
+/* The denoising loop: for i in 0..N-1, v = transformer(latents, t_i); latents += (σ_{i+1} − σ_i)·v,
+ * in the run dtype (the float32 Euler update of scheduler.step for fp32 runs). Records
+ * `latents_in` before and `latents_out` after each forward through m->rec. `latents` is
+ * allocated here and holds the final latents. */
+int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e);
+
+#endif

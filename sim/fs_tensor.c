@@ -1,0 +1,118 @@
+#include "fs_tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    memset(t, 0, sizeof *t);
+    if (ndim < 1 || ndim > FS_MAX_DIMS)
+        return fs_errf(e, FS_E_INTERNAL, "tensor rank %d out of range 1..%d", ndim, FS_MAX_DIMS);
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return fs_errf(e, FS_E_INTERNAL, "negative tensor dimension");
+        t->shape[i] = shape[i];
+    }
+    size_t n = fs_tensor_nbytes(t);
+    /* 64-byte alignment: what OpenBLAS and AVX-512 loads like best. */
+    size_t alloc = (n + 63) / 64 * 64;
+    if (alloc == 0) alloc = 64;
+    t->data = aligned_alloc(64, alloc);
+    if (!t->data) return fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes", n);
+    memset(t->data, 0, alloc);
+    t->owns = 1;
+    return FS_OK;
+}
+
+int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *e)
+{
+    int64_t s[2] = {d0, d1};
+    return fs_tensor_alloc(t, dt, 2, s, e);
+}
+
+int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t d2, fs_err *e)
+{
+    int64_t s[3] = {d0, d1, d2};
+    return fs_tensor_alloc(t, dt, 3, s, e);
+}
+
+void fs_tensor_free(fs_tensor *t)
+{
+    if (!t) return;
+    if (t->owns) free(t->data);
+    memset(t, 0, sizeof *t);
+}
+
+int64_t fs_tensor_numel(const fs_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return t->ndim ? n : 0;
+}
+
+size_t fs_tensor_nbytes(const fs_tensor *t)
+{
+    return (size_t)fs_tensor_numel(t) * fs_dtype_size(t->dtype);
+}
+
+fs_tensor fs_tensor_reshape(const fs_tensor *t, int ndim, const int64_t *shape)
+{
+    fs_tensor v = *t;
+    v.owns = 0;
+    v.ndim = ndim;
+    for (int i = 0; i < ndim; i++) v.shape[i] = shape[i];
+    return v;
+}
+
+fs_tensor fs_tensor_rows(const fs_tensor *t, int64_t r0, int64_t n)
+{
+    fs_tensor v = *t;
+    v.owns = 0;
+    int64_t row = fs_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1);
+    v.shape[0] = n;
+    v.data = (char *)t->data + (size_t)(r0 * row) * fs_dtype_size(t->dtype);
+    return v;
+}
+
+const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "[");
+    for (int i = 0; i < t->ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+double fs_tensor_get(const fs_tensor *t, int64_t i)
+{
+    return t->dtype == FS_F64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i];
+}
+
+void fs_tensor_set(fs_tensor *t, int64_t i, double v)
+{
+    if (t->dtype == FS_F64) ((double *)t->data)[i] = v;
+    else ((float *)t->data)[i] = (float)v;
+}
+
+int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e)
+{
+    int64_t n = fs_tensor_numel(src);
+    if (n != fs_tensor_numel(dst))
+        return fs_errf(e, FS_E_INTERNAL, "copy of %lld elements into %lld", (long long)n,
+                       (long long)fs_tensor_numel(dst));
+    if (dst->dtype == src->dtype) {
+        memmove(dst->data, src->data, fs_tensor_nbytes(src));
+    } else if (dst->dtype == FS_F64) {
+        const float *s = src->data;
+        double *d = dst->data;
+        for (int64_t i = 0; i < n; i++) d[i] = s[i];
+    } else {
+        const double *s = src->data;
+        float *d = dst->data;
+        for (int64_t i = 0; i < n; i++) d[i] = (float)s[i];
+    }
+    return FS_OK;
+}

@@ -1,0 +1,50 @@
+/* fs_weights.h — the model's parameters, by diffusers state_dict name.
+ *
+ * One fs_weights holds every tensor of fs_config_params(cfg) in the run's dtype, either
+ * generated (deterministic synthetic weights) or loaded from safetensors (a file, a directory
+ * holding one, or a Hugging Face sharded layout with *.safetensors.index.json; diffusers names
+ * or BFL single-file names). Loaded F32 tensors in an F32 run are views into the mmap'd file
+ * (no copy); anything that needs conversion (BF16, F16, F64 runs) is decoded into owned memory. */
+#ifndef FS_WEIGHTS_H
+#define FS_WEIGHTS_H
+
+#include "fs_config.h"
+#include "fs_tensor.h"
+
+typedef struct fs_mapping {
+    void *addr;
+    size_t len;
+} fs_mapping;
+
+typedef struct fs_weights {
+    fs_config cfg;
+    fs_dtype dtype;
+    int n;                /* == length of fs_config_params(&cfg) */
+    fs_param_desc *desc;  /* [n], from fs_config_params */
+    fs_tensor *t;         /* [n], t[i] is desc[i]; views or owned */
+    fs_mapping *maps;     /* mmap'd files to munmap in fs_weights_free */
+    int nmaps;
+    char source[512];     /* "synthetic seed 0" or the path loaded */
+} fs_weights;
+
+/* Synthetic weights with the magnitudes of ../shared/reference/README.md: Linear weight
+ * ~ N(0, 1/in), bias ~ N(0, 0.05^2), RMSNorm weight ~ 1 + N(0, 0.1^2); element i of tensor
+ * `name` is fs_rng_normal(fs_rng_key(seed, name), i) scaled. */
+int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, fs_err *e);
+/* The value of element `index` of synthetic parameter `d` (what fs_weights_synthetic stores,
+ * before rounding to the run dtype). For sharded generation and tests. */
+double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index);
+
+/* Load from safetensors (implemented in fs_weights_load.c). `path` is a .safetensors file,
+ * a *.safetensors.index.json, or a directory containing either. Every tensor is validated
+ * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
+int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
+
+/* Tensor by diffusers name, NULL if the config has no such parameter. */
+const fs_tensor *fs_weights_get(const fs_weights *w, const char *name);
+void fs_weights_free(fs_weights *w);
+
+/* Internal helper shared by the loaders: allocate w->desc/w->t for cfg (tensors left empty). */
+int fs_weights_init_empty(fs_weights *w, const fs_config *c, fs_dtype dt, fs_err *e);
+
+#endif

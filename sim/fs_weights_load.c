@@ -1,0 +1,330 @@
+/* fs_weights_load.c — fs_weights_load: safetensors (diffusers or BFL names) → fs_weights.
+ *
+ * Every parameter of fs_config_params(cfg) gets a "plan": which source tensor holds it, which
+ * rows of that tensor, and where they go. Diffusers checkpoints are one plan per tensor, whole.
+ * BFL checkpoints fuse some parameters (qkv, linear1) and store norm_out's halves in the other
+ * order, so a plan is a row slice of a bigger tensor, or two slices swapped. A single contiguous
+ * slice of an F32 source in an F32 run is used in place (a view into the mapping); anything
+ * else is decoded into an owned tensor. */
+#include "fs_safetensors.h"
+#include "fs_weights.h"
+
+#include <stdalign.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BFL_PREFIX "model.diffusion_model."
+
+typedef struct piece {
+    int64_t src_r0, nrows, dst_r0; /* rows along the first dimension */
+} piece;
+
+typedef struct plan {
+    char src[256];     /* full source tensor name, prefix included */
+    int64_t src_rows;  /* first dimension the source must have (the fused size for BFL) */
+    piece p[2];
+    int np;
+} plan;
+
+enum fuse { F_NONE, F_QKV, F_LINEAR1, F_SWAP };
+
+/* diffusers name stem → BFL stem. `slot` selects rows of a fused tensor (q/k/v = 0/1/2; the
+ * MLP part of linear1 = 3). */
+typedef struct rule {
+    const char *diff, *bfl;
+    enum fuse fuse;
+    int slot;
+} rule;
+
+static const rule top_rules[] = {
+    {"x_embedder", "img_in", F_NONE, 0},
+    {"context_embedder", "txt_in", F_NONE, 0},
+    {"time_text_embed.timestep_embedder.linear_1", "time_in.in_layer", F_NONE, 0},
+    {"time_text_embed.timestep_embedder.linear_2", "time_in.out_layer", F_NONE, 0},
+    {"time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer", F_NONE, 0},
+    {"time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer", F_NONE, 0},
+    {"time_text_embed.text_embedder.linear_1", "vector_in.in_layer", F_NONE, 0},
+    {"time_text_embed.text_embedder.linear_2", "vector_in.out_layer", F_NONE, 0},
+    /* BFL stores shift‖scale, diffusers' AdaLayerNormContinuous chunks scale‖shift. */
+    {"norm_out.linear", "final_layer.adaLN_modulation.1", F_SWAP, 0},
+    {"proj_out", "final_layer.linear", F_NONE, 0},
+};
+
+static const rule double_rules[] = {
+    {"norm1.linear", "img_mod.lin", F_NONE, 0},
+    {"norm1_context.linear", "txt_mod.lin", F_NONE, 0},
+    {"attn.to_q", "img_attn.qkv", F_QKV, 0},
+    {"attn.to_k", "img_attn.qkv", F_QKV, 1},
+    {"attn.to_v", "img_attn.qkv", F_QKV, 2},
+    {"attn.add_q_proj", "txt_attn.qkv", F_QKV, 0},
+    {"attn.add_k_proj", "txt_attn.qkv", F_QKV, 1},
+    {"attn.add_v_proj", "txt_attn.qkv", F_QKV, 2},
+    {"attn.norm_q", "img_attn.norm.query_norm", F_NONE, 0},
+    {"attn.norm_k", "img_attn.norm.key_norm", F_NONE, 0},
+    {"attn.norm_added_q", "txt_attn.norm.query_norm", F_NONE, 0},
+    {"attn.norm_added_k", "txt_attn.norm.key_norm", F_NONE, 0},
+    {"attn.to_out.0", "img_attn.proj", F_NONE, 0},
+    {"attn.to_add_out", "txt_attn.proj", F_NONE, 0},
+    {"ff.net.0.proj", "img_mlp.0", F_NONE, 0},
+    {"ff.net.2", "img_mlp.2", F_NONE, 0},
+    {"ff_context.net.0.proj", "txt_mlp.0", F_NONE, 0},
+    {"ff_context.net.2", "txt_mlp.2", F_NONE, 0},
+};
+
+static const rule single_rules[] = {
+    {"norm.linear", "modulation.lin", F_NONE, 0},
+    {"attn.to_q", "linear1", F_LINEAR1, 0},
+    {"attn.to_k", "linear1", F_LINEAR1, 1},
+    {"attn.to_v", "linear1", F_LINEAR1, 2},
+    {"proj_mlp", "linear1", F_LINEAR1, 3},
+    {"attn.norm_q", "norm.query_norm", F_NONE, 0},
+    {"attn.norm_k", "norm.key_norm", F_NONE, 0},
+    {"proj_out", "linear2", F_NONE, 0},
+};
+
+static const rule *find_rule(const rule *r, size_t n, const char *stem)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(r[i].diff, stem)) return &r[i];
+    return NULL;
+}
+
+static void plan_whole(plan *pl, const fs_param_desc *d)
+{
+    pl->src_rows = d->shape[0];
+    pl->p[0] = (piece){0, d->shape[0], 0};
+    pl->np = 1;
+}
+
+/* The BFL source of diffusers parameter d. Returns 0, or -1 for a name no rule covers (a
+ * parameter list and a rule table out of step: flux-sim's bug, not the file's). */
+static int plan_bfl(plan *pl, const fs_param_desc *d, const fs_config *c, const char *prefix)
+{
+    const int64_t D = fs_config_hidden(c), F = fs_config_mlp_hidden(c);
+    const char *dot = strrchr(d->name, '.');
+    if (!dot) return -1;
+    const char *leaf = dot + 1; /* "weight" / "bias" */
+    char stem[128];
+    snprintf(stem, sizeof stem, "%.*s", (int)(dot - d->name), d->name);
+
+    const rule *r = NULL;
+    char block[64] = "";
+    int i, used = 0;
+    if (sscanf(stem, "transformer_blocks.%d.%n", &i, &used) == 1 && used) {
+        r = find_rule(double_rules, FS_ARRAY_LEN(double_rules), stem + used);
+        snprintf(block, sizeof block, "double_blocks.%d.", i);
+    } else if (sscanf(stem, "single_transformer_blocks.%d.%n", &i, &used) == 1 && used) {
+        r = find_rule(single_rules, FS_ARRAY_LEN(single_rules), stem + used);
+        snprintf(block, sizeof block, "single_blocks.%d.", i);
+    } else {
+        r = find_rule(top_rules, FS_ARRAY_LEN(top_rules), stem);
+    }
+    if (!r) return -1;
+    /* QK-norm weights are RMSNorm.scale in BFL's modules. */
+    if (d->kind == FS_PARAM_RMS_W) leaf = "scale";
+    snprintf(pl->src, sizeof pl->src, "%s%s%s.%s", prefix, block, r->bfl, leaf);
+
+    switch (r->fuse) {
+    case F_NONE: plan_whole(pl, d); break;
+    case F_QKV:
+        pl->src_rows = 3 * D;
+        pl->p[0] = (piece){r->slot * D, D, 0};
+        pl->np = 1;
+        break;
+    case F_LINEAR1:
+        pl->src_rows = 3 * D + F;
+        pl->p[0] = r->slot < 3 ? (piece){r->slot * D, D, 0} : (piece){3 * D, F, 0};
+        pl->np = 1;
+        break;
+    case F_SWAP:
+        pl->src_rows = 2 * D;
+        pl->p[0] = (piece){D, D, 0}; /* scale: BFL's second half first */
+        pl->p[1] = (piece){0, D, D}; /* shift */
+        pl->np = 2;
+        break;
+    }
+    int64_t rows = 0;
+    for (int k = 0; k < pl->np; k++) rows += pl->p[k].nrows;
+    return rows == d->shape[0] ? 0 : -1;
+}
+
+/* Which naming the checkpoint uses, from the first component of every key. A checkpoint that
+ * mixes conventions is refused rather than half-loaded. */
+enum naming { N_UNKNOWN, N_DIFFUSERS, N_BFL, N_BFL_PREFIXED };
+
+static int is_bfl_key(const char *k)
+{
+    static const char *const tops[] = {"img_in.",     "txt_in.",       "time_in.",      "guidance_in.",
+                                       "vector_in.",  "double_blocks.", "single_blocks.", "final_layer."};
+    for (size_t i = 0; i < FS_ARRAY_LEN(tops); i++)
+        if (!strncmp(k, tops[i], strlen(tops[i]))) return 1;
+    return 0;
+}
+
+static int is_diffusers_key(const char *k)
+{
+    static const char *const tops[] = {"x_embedder.",         "context_embedder.", "time_text_embed.",
+                                       "transformer_blocks.", "single_transformer_blocks.", "norm_out.",
+                                       "proj_out."};
+    for (size_t i = 0; i < FS_ARRAY_LEN(tops); i++)
+        if (!strncmp(k, tops[i], strlen(tops[i]))) return 1;
+    return 0;
+}
+
+static int detect_naming(const fs_st_archive *a, enum naming *out, fs_err *e)
+{
+    const char *first[4] = {0}; /* an example key of each enum naming */
+    const size_t plen = strlen(BFL_PREFIX);
+    for (int i = 0; i < a->n; i++) {
+        const char *k = a->idx[i]->name;
+        enum naming n = N_UNKNOWN;
+        if (!strncmp(k, BFL_PREFIX, plen) && is_bfl_key(k + plen)) n = N_BFL_PREFIXED;
+        else if (is_bfl_key(k)) n = N_BFL;
+        else if (is_diffusers_key(k)) n = N_DIFFUSERS;
+        if (n != N_UNKNOWN && !first[n]) first[n] = k;
+    }
+    static const char *const what[] = {"", "diffusers", "BFL", "BFL prefixed with '" BFL_PREFIX "'"};
+    *out = N_UNKNOWN;
+    for (int n = N_DIFFUSERS; n <= N_BFL_PREFIXED; n++) {
+        if (!first[n]) continue;
+        if (*out != N_UNKNOWN)
+            return fs_errf(e, FS_E_INPUT, "%s: checkpoint mixes %s names ('%s') and %s names ('%s')", a->path,
+                           what[*out], first[*out], what[n], first[n]);
+        *out = (enum naming)n;
+    }
+    /* Nothing recognisable: report the missing diffusers names, the format we write. */
+    if (*out == N_UNKNOWN) *out = N_DIFFUSERS;
+    return FS_OK;
+}
+
+static int shapes_equal(int nd, const int64_t *s, const fs_st_entry *en)
+{
+    if (nd != en->ndim) return 0;
+    for (int k = 0; k < nd; k++)
+        if (s[k] != en->shape[k]) return 0;
+    return 1;
+}
+
+static const char *shape_str(int nd, const int64_t *s, char *buf, size_t n)
+{
+    fs_tensor t = {.ndim = nd};
+    memcpy(t.shape, s, (size_t)nd * sizeof *s);
+    return fs_tensor_shape_str(&t, buf, n);
+}
+
+/* Fills t (shape of d, run dtype dt) from entry en following pl. */
+static int fill(fs_tensor *t, const fs_param_desc *d, const plan *pl, const fs_st_entry *en, fs_dtype dt, fs_err *e)
+{
+    int64_t row = 1; /* elements per row of the first dimension */
+    for (int k = 1; k < d->ndim; k++) row *= d->shape[k];
+    /* A view needs the bytes to already be what the run computes with, in one piece, and
+     * aligned for float loads (safetensors does not promise alignment; the Python writer pads
+     * the header to 8 bytes, so in practice every tensor qualifies). */
+    const char *first = pl->np == 1 && en->dtype == FS_ST_F32 && dt == FS_F32
+                            ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * sizeof(float)
+                            : NULL;
+    if (first && (uintptr_t)first % alignof(float) == 0) {
+        memset(t, 0, sizeof *t);
+        t->dtype = FS_F32;
+        t->ndim = d->ndim;
+        for (int k = 0; k < d->ndim; k++) t->shape[k] = d->shape[k];
+        t->data = (void *)first; /* read-only mapping: kernels never write weights */
+        t->owns = 0;
+        return FS_OK;
+    }
+    int rc = fs_tensor_alloc(t, dt, d->ndim, d->shape, e);
+    if (rc) return rc;
+    for (int k = 0; k < pl->np; k++) {
+        void *dst = (char *)t->data + (size_t)(pl->p[k].dst_r0 * row) * fs_dtype_size(dt);
+        if ((rc = fs_st_decode(en, pl->p[k].src_r0 * row, pl->p[k].nrows * row, dt, dst, e))) return rc;
+    }
+    return FS_OK;
+}
+
+int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e)
+{
+    int rc = fs_weights_init_empty(w, c, dt, e);
+    if (rc) return rc;
+    snprintf(w->source, sizeof w->source, "%s", path);
+
+    fs_st_archive a;
+    unsigned char *used = NULL;
+    if ((rc = fs_st_archive_open(&a, path, e))) {
+        fs_weights_free(w);
+        return rc;
+    }
+    enum naming naming;
+    if ((rc = detect_naming(&a, &naming, e))) goto fail;
+    const int bfl = naming == N_BFL || naming == N_BFL_PREFIXED;
+    const char *prefix = naming == N_BFL_PREFIXED ? BFL_PREFIX : "";
+    if (!(used = calloc(a.n ? (size_t)a.n : 1, 1))) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto fail;
+    }
+
+    char sa[96], sb[96], what[448];
+    for (int i = 0; i < w->n; i++) {
+        const fs_param_desc *d = &w->desc[i];
+        plan pl = {0};
+        if (bfl) {
+            if (plan_bfl(&pl, d, c, prefix)) {
+                rc = fs_errf(e, FS_E_INTERNAL, "no BFL name known for parameter '%s'", d->name);
+                goto fail;
+            }
+            snprintf(what, sizeof what, "'%s' (BFL name for diffusers '%s')", pl.src, d->name);
+        } else {
+            snprintf(pl.src, sizeof pl.src, "%s", d->name);
+            plan_whole(&pl, d);
+            snprintf(what, sizeof what, "'%s'", d->name);
+        }
+        int k = fs_st_archive_index(&a, pl.src);
+        if (k < 0) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: missing tensor %s", a.path, what);
+            goto fail;
+        }
+        const fs_st_entry *en = a.idx[k];
+        int64_t want[FS_MAX_DIMS] = {pl.src_rows, d->shape[1]};
+        if (!shapes_equal(d->ndim, want, en)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: tensor %s: expected %s from config, file has %s",
+                         fs_st_archive_file_of(&a, en), what, shape_str(d->ndim, want, sa, sizeof sa),
+                         shape_str(en->ndim, en->shape, sb, sizeof sb));
+            goto fail;
+        }
+        used[k] = 1;
+        if ((rc = fill(&w->t[i], d, &pl, en, dt, e))) {
+            fs_err_prefix(e, "%s: tensor %s: ", fs_st_archive_file_of(&a, en), what);
+            goto fail;
+        }
+    }
+
+    /* Unused tensors mean the config and the checkpoint disagree (schnell weights with a dev
+     * config, a LoRA merged under new names, ...): loading "most of it" would run a different
+     * model than the user thinks. */
+    int nextra = 0, first = -1;
+    for (int k = 0; k < a.n; k++)
+        if (!used[k] && nextra++ == 0) first = k;
+    if (nextra) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: unexpected tensor '%s' (%d tensor%s in the checkpoint that the config has no "
+                                    "parameter for; wrong config?)",
+                     fs_st_archive_file_of(&a, a.idx[first]), a.idx[first]->name, nextra, nextra == 1 ? "" : "s");
+        goto fail;
+    }
+
+    /* Views point into the mappings: they now live (and die) with the weights. */
+    if (!(w->maps = calloc((size_t)a.nfiles, sizeof *w->maps))) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int f = 0; f < a.nfiles; f++) fs_st_release_map(&a.files[f], &w->maps[f].addr, &w->maps[f].len);
+    w->nmaps = a.nfiles;
+    free(used);
+    fs_st_archive_close(&a);
+    return FS_OK;
+
+fail:
+    free(used);
+    fs_weights_free(w); /* clears views before their mapping goes away below */
+    fs_st_archive_close(&a);
+    return rc;
+}

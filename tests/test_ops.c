@@ -1,0 +1,495 @@
+/* test_ops.c — each op of the forward against values computed independently of our kernels:
+ * by hand, by a naive loop, or taken from ../shared/flux-spec.md. */
+#include "test_util.h"
+
+#include <math.h>
+
+#include "fo_dump.h"
+#include "fs_model.h"
+#include "fs_rng.h"
+#include "fs_sampler.h"
+
+static fs_backend *be;
+
+static void close_to(double got, double want, double tol, const char *what)
+{
+    if (!(fabs(got - want) <= tol)) fail_msg("%s: got %.17g want %.17g (|diff| %.3g > %.3g)", what, got, want, fabs(got - want), tol);
+}
+
+static void fill(fs_tensor *t, uint64_t seed)
+{
+    uint64_t key = fs_rng_key(seed, "test");
+    for (int64_t i = 0; i < fs_tensor_numel(t); i++) fs_tensor_set(t, i, fs_rng_normal(key, (uint64_t)i));
+}
+
+/* ---- primitives ---- */
+
+static void test_gelu_tanh(void **s)
+{
+    /* 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) evaluated by Python's math module */
+    const double x[] = {1.0, -1.0, 0.5, 3.0, 0.0};
+    const double want[] = {0.8411919906082768, -0.15880800939172324, 0.34571400982514394, 2.996362607918227, 0.0};
+    for (int d = 0; d < 2; d++) {
+        fs_tensor a, y;
+        fs_tensor_alloc(&a, d ? FS_F64 : FS_F32, 1, (int64_t[]){5}, NULL);
+        fs_tensor_alloc(&y, a.dtype, 1, (int64_t[]){5}, NULL);
+        for (int i = 0; i < 5; i++) fs_tensor_set(&a, i, x[i]);
+        be->gelu_tanh(&y, &a);
+        for (int i = 0; i < 5; i++) close_to(fs_tensor_get(&y, i), want[i], d ? 1e-15 : 1e-6, "gelu_tanh");
+        fs_tensor_free(&a);
+        fs_tensor_free(&y);
+    }
+}
+
+static void test_silu(void **s)
+{
+    fs_tensor a, y;
+    fs_tensor_alloc(&a, FS_F64, 1, (int64_t[]){3}, NULL);
+    fs_tensor_alloc(&y, FS_F64, 1, (int64_t[]){3}, NULL);
+    fs_tensor_set(&a, 0, 1.0);
+    fs_tensor_set(&a, 1, -2.0);
+    fs_tensor_set(&a, 2, 0.0);
+    be->silu(&y, &a);
+    close_to(fs_tensor_get(&y, 0), 1.0 / (1.0 + exp(-1.0)), 1e-15, "silu(1)");
+    close_to(fs_tensor_get(&y, 1), -2.0 / (1.0 + exp(2.0)), 1e-15, "silu(-2)");
+    close_to(fs_tensor_get(&y, 2), 0.0, 0, "silu(0)");
+    fs_tensor_free(&a);
+    fs_tensor_free(&y);
+}
+
+static void test_layernorm_no_affine(void **s)
+{
+    /* rows [1,2,3,4] and [2,2,2,2]: mean 2.5, biased var 1.25; a constant row normalises to 0 */
+    fs_tensor a, y;
+    fs_tensor_alloc2(&a, FS_F64, 2, 4, NULL);
+    fs_tensor_alloc2(&y, FS_F64, 2, 4, NULL);
+    for (int i = 0; i < 4; i++) {
+        fs_tensor_set(&a, i, i + 1);
+        fs_tensor_set(&a, 4 + i, 2.0);
+    }
+    be->layernorm(&y, &a, 4, 1e-6);
+    for (int i = 0; i < 4; i++) {
+        close_to(fs_tensor_get(&y, i), (i + 1 - 2.5) / sqrt(1.25 + 1e-6), 1e-14, "layernorm row 0");
+        close_to(fs_tensor_get(&y, 4 + i), 0.0, 0, "layernorm constant row");
+    }
+    fs_tensor_free(&a);
+    fs_tensor_free(&y);
+}
+
+static void test_rmsnorm_per_head(void **s)
+{
+    /* x viewed as [1 token, 2 heads, Dh=4]: each head normalised on its own, times w[Dh] */
+    fs_tensor a, y, w;
+    fs_tensor_alloc2(&a, FS_F64, 2, 4, NULL);
+    fs_tensor_alloc2(&y, FS_F64, 2, 4, NULL);
+    fs_tensor_alloc(&w, FS_F64, 1, (int64_t[]){4}, NULL);
+    const double h0[4] = {1, 2, 3, 4}, h1[4] = {-1, 0, 0, 1}, wv[4] = {1, 0.5, 2, -1};
+    for (int i = 0; i < 4; i++) {
+        fs_tensor_set(&a, i, h0[i]);
+        fs_tensor_set(&a, 4 + i, h1[i]);
+        fs_tensor_set(&w, i, wv[i]);
+    }
+    be->rmsnorm(&y, &a, &w, 1e-6);
+    for (int i = 0; i < 4; i++) {
+        close_to(fs_tensor_get(&y, i), h0[i] / sqrt(30.0 / 4 + 1e-6) * wv[i], 1e-14, "rmsnorm head 0");
+        close_to(fs_tensor_get(&y, 4 + i), h1[i] / sqrt(2.0 / 4 + 1e-6) * wv[i], 1e-14, "rmsnorm head 1");
+    }
+    fs_tensor_free(&a);
+    fs_tensor_free(&y);
+    fs_tensor_free(&w);
+}
+
+static void test_modulate_and_gate(void **s)
+{
+    /* [B=2, S=1, D=2]: y = x·(1+scale)+shift per batch row; x += gate·y */
+    fs_tensor x, y, sc, sh, g;
+    fs_tensor_alloc3(&x, FS_F64, 2, 1, 2, NULL);
+    fs_tensor_alloc3(&y, FS_F64, 2, 1, 2, NULL);
+    fs_tensor_alloc2(&sc, FS_F64, 2, 2, NULL);
+    fs_tensor_alloc2(&sh, FS_F64, 2, 2, NULL);
+    fs_tensor_alloc2(&g, FS_F64, 2, 2, NULL);
+    const double xv[4] = {1, 2, 3, 4}, scv[4] = {0.5, -1, 0, 2}, shv[4] = {10, 20, 30, 40}, gv[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 4; i++) {
+        fs_tensor_set(&x, i, xv[i]);
+        fs_tensor_set(&sc, i, scv[i]);
+        fs_tensor_set(&sh, i, shv[i]);
+        fs_tensor_set(&g, i, gv[i]);
+    }
+    be->modulate(&y, &x, &sc, &sh);
+    const double want[4] = {1 * 1.5 + 10, 2 * 0 + 20, 3 * 1 + 30, 4 * 3 + 40};
+    for (int i = 0; i < 4; i++) close_to(fs_tensor_get(&y, i), want[i], 0, "modulate");
+    be->gated_add(&x, &g, &y);
+    for (int i = 0; i < 4; i++) close_to(fs_tensor_get(&x, i), xv[i] + gv[i] * want[i], 0, "gated_add");
+    fs_tensor_free(&x);
+    fs_tensor_free(&y);
+    fs_tensor_free(&sc);
+    fs_tensor_free(&sh);
+    fs_tensor_free(&g);
+}
+
+/* ---- embeddings ---- */
+
+static void test_sinusoid_layout(void **s)
+{
+    /* [cos | sin], freq_j = exp(-ln(1e4)·j/128) (divisor 128, not 127) */
+    double t[2] = {1000.0, 3500.0};
+    fs_tensor out;
+    assert_int_equal(fs_time_proj(FS_F64, t, 2, &out, NULL), 0);
+    assert_int_equal(out.shape[1], 256);
+    for (int b = 0; b < 2; b++)
+        for (int j = 0; j < 128; j += 31) {
+            double a = t[b] * exp(-log(10000.0) * j / 128.0);
+            close_to(fs_tensor_get(&out, b * 256 + j), cos(a), 1e-12, "time_proj cos half");
+            close_to(fs_tensor_get(&out, b * 256 + 128 + j), sin(a), 1e-12, "time_proj sin half");
+        }
+    close_to(fs_tensor_get(&out, 0), cos(1000.0), 1e-12, "time_proj[0] = cos(t)");
+    close_to(fs_tensor_get(&out, 128), sin(1000.0), 1e-12, "time_proj[128] = sin(t)");
+    fs_tensor_free(&out);
+    /* fp32 follows diffusers' float32 arithmetic: within ~1e-4 absolute of the exact value at t=3500 */
+    fs_tensor o32;
+    assert_int_equal(fs_time_proj(FS_F32, t, 2, &o32, NULL), 0);
+    for (int j = 0; j < 128; j++) {
+        double a = 3500.0 * exp(-log(10000.0) * j / 128.0);
+        close_to(fs_tensor_get(&o32, 256 + j), cos(a), 5e-4, "fp32 time_proj");
+    }
+    fs_tensor_free(&o32);
+}
+
+static void test_rope_tables_axes(void **s)
+{
+    /* axes (8,12,12), Dh 32: dims 0-7 follow ids[:,0], 8-19 ids[:,1] (row), 20-31 ids[:,2] (col),
+     * each table repeat_interleave'd: entries 2j and 2j+1 equal */
+    fs_config c;
+    fs_config_preset(&c, "tiny", NULL);
+    fs_tensor ids, cs, sn;
+    fs_tensor_alloc2(&ids, FS_F64, 2, 3, NULL);
+    const double id[6] = {0, 0, 0, 5, 3, 7};
+    for (int i = 0; i < 6; i++) fs_tensor_set(&ids, i, id[i]);
+    assert_int_equal(fs_pos_embed(FS_F64, &c, &ids, &cs, &sn, NULL), 0);
+    for (int d = 0; d < 32; d++) { /* text-like token: ids 0 → identity rotation */
+        close_to(fs_tensor_get(&cs, d), 1.0, 0, "cos at pos 0");
+        close_to(fs_tensor_get(&sn, d), 0.0, 0, "sin at pos 0");
+    }
+    const int width[3] = {8, 12, 12}, start[3] = {0, 8, 20};
+    for (int ax = 0; ax < 3; ax++)
+        for (int j = 0; j < width[ax] / 2; j++) {
+            double ang = id[3 + ax] / pow(10000.0, 2.0 * j / width[ax]);
+            for (int r = 0; r < 2; r++) {
+                int d = start[ax] + 2 * j + r;
+                close_to(fs_tensor_get(&cs, 32 + d), cos(ang), 1e-15, "rope cos table");
+                close_to(fs_tensor_get(&sn, 32 + d), sin(ang), 1e-15, "rope sin table");
+            }
+        }
+    fs_tensor_free(&cs);
+    fs_tensor_free(&sn);
+    fs_tensor_free(&ids);
+}
+
+static void test_rope_adjacent_pairs(void **s)
+{
+    /* x [1, 1, H=1, Dh=4]; rotation of (x0,x1) by θ0 and (x2,x3) by θ1 as complex numbers
+     * (real = even, imag = odd): out = (x0 cosθ - x1 sinθ, x1 cosθ + x0 sinθ) */
+    fs_tensor x, cs, sn;
+    int64_t s4[4] = {1, 1, 1, 4};
+    fs_tensor_alloc(&x, FS_F64, 4, s4, NULL);
+    fs_tensor_alloc2(&cs, FS_F64, 1, 4, NULL);
+    fs_tensor_alloc2(&sn, FS_F64, 1, 4, NULL);
+    const double xv[4] = {1, 2, 3, 4}, th[2] = {0.3, -1.1};
+    for (int i = 0; i < 4; i++) {
+        fs_tensor_set(&x, i, xv[i]);
+        fs_tensor_set(&cs, i, cos(th[i / 2]));
+        fs_tensor_set(&sn, i, sin(th[i / 2]));
+    }
+    be->rope(&x, &cs, &sn);
+    for (int j = 0; j < 2; j++) {
+        double re = xv[2 * j], im = xv[2 * j + 1];
+        close_to(fs_tensor_get(&x, 2 * j), re * cos(th[j]) - im * sin(th[j]), 1e-15, "rope even");
+        close_to(fs_tensor_get(&x, 2 * j + 1), im * cos(th[j]) + re * sin(th[j]), 1e-15, "rope odd");
+    }
+    fs_tensor_free(&x);
+    fs_tensor_free(&cs);
+    fs_tensor_free(&sn);
+}
+
+/* ---- attention: blocked GEMM + softmax vs a naive triple loop ---- */
+
+static void naive_attention(const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, double *out, double *lse)
+{
+    int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], Dh = q->shape[3], Skv = k->shape[1];
+    double *p = malloc(sizeof(double) * (size_t)Skv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Sq; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < Skv; j++) {
+                    double d = 0;
+                    for (int64_t c = 0; c < Dh; c++)
+                        d += fs_tensor_get(q, ((b * Sq + i) * H + h) * Dh + c) * fs_tensor_get(k, ((b * Skv + j) * H + h) * Dh + c);
+                    p[j] = d / sqrt((double)Dh);
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j < Skv; j++) sum += (p[j] = exp(p[j] - mx));
+                lse[(b * H + h) * Sq + i] = mx + log(sum);
+                for (int64_t c = 0; c < Dh; c++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < Skv; j++) o += p[j] / sum * fs_tensor_get(v, ((b * Skv + j) * H + h) * Dh + c);
+                    out[((b * Sq + i) * H + h) * Dh + c] = o;
+                }
+            }
+    free(p);
+}
+
+static void attention_case(fs_dtype dt, int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t Dh, double tol)
+{
+    int64_t sq[4] = {B, Sq, H, Dh}, skv[4] = {B, Skv, H, Dh}, sl[3] = {B, H, Sq};
+    fs_tensor q, k, v, o, lse;
+    fs_tensor_alloc(&q, dt, 4, sq, NULL);
+    fs_tensor_alloc(&k, dt, 4, skv, NULL);
+    fs_tensor_alloc(&v, dt, 4, skv, NULL);
+    fs_tensor_alloc(&o, dt, 4, sq, NULL);
+    fs_tensor_alloc(&lse, dt, 3, sl, NULL);
+    fill(&q, 1);
+    fill(&k, 2);
+    fill(&v, 3);
+    assert_int_equal(be->attention(&o, &lse, FS_LSE_BHS, &q, &k, &v, 1.0 / sqrt((double)Dh), NULL), 0);
+    double *ro = malloc(sizeof(double) * (size_t)fs_tensor_numel(&o)), *rl = malloc(sizeof(double) * (size_t)(B * H * Sq));
+    naive_attention(&q, &k, &v, ro, rl);
+    for (int64_t i = 0; i < fs_tensor_numel(&o); i++) close_to(fs_tensor_get(&o, i), ro[i], tol, "attention out");
+    for (int64_t i = 0; i < B * H * Sq; i++) close_to(fs_tensor_get(&lse, i), rl[i], tol, "attention lse [B,H,S]");
+    free(ro);
+    free(rl);
+    fs_tensor_free(&q);
+    fs_tensor_free(&k);
+    fs_tensor_free(&v);
+    fs_tensor_free(&o);
+    fs_tensor_free(&lse);
+}
+
+static void test_attention_vs_naive(void **s)
+{
+    attention_case(FS_F64, 2, 7, 7, 3, 8, 1e-12);
+    attention_case(FS_F64, 1, 300, 170, 2, 16, 1e-12); /* > one 128-row query block, Sq != Skv */
+    attention_case(FS_F32, 1, 129, 129, 2, 16, 2e-5);
+}
+
+/* ---- AdaLN chunk orders, through the real forward ----
+ * Zero every AdaLN weight and set its bias so chunk k holds the constant k+1 (k+1 = 1..6, or
+ * 1..2 for norm_out): then the recorded tuple elements must be exactly those constants, in
+ * diffusers' order, and norm_out must be LN(x)·(1 + 1) + 2 (scale FIRST, then shift). */
+typedef struct grab {
+    const char *names[8];
+    fs_tensor got[8];
+    int n;
+} grab;
+
+static int grab_record(void *ctx, const char *name, const fs_tensor *t, fs_err *e)
+{
+    grab *g = ctx;
+    for (int i = 0; i < g->n; i++)
+        if (!strcmp(name, g->names[i]) && !g->got[i].data) {
+            fs_tensor_alloc(&g->got[i], t->dtype, t->ndim, t->shape, NULL);
+            fs_tensor_copy(&g->got[i], t, NULL);
+        }
+    return FS_OK;
+}
+
+static void set_adaln(fs_weights *w, const char *name, int nchunks, int D)
+{
+    char wn[160], bn[160];
+    snprintf(wn, sizeof wn, "%s.weight", name);
+    snprintf(bn, sizeof bn, "%s.bias", name);
+    fs_tensor *W = (fs_tensor *)fs_weights_get(w, wn), *b = (fs_tensor *)fs_weights_get(w, bn);
+    assert_non_null(W);
+    memset(W->data, 0, fs_tensor_nbytes(W));
+    for (int k = 0; k < nchunks; k++)
+        for (int d = 0; d < D; d++) fs_tensor_set(b, k * D + d, k + 1);
+}
+
+static void test_adaln_chunk_orders(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "tiny", NULL);
+    c.num_layers = 1;
+    c.num_single_layers = 1;
+    const int D = fs_config_hidden(&c);
+    fs_weights w;
+    assert_int_equal(fs_weights_synthetic(&w, &c, FS_F64, 7, NULL), 0);
+    set_adaln(&w, "transformer_blocks.0.norm1.linear", 6, D);
+    set_adaln(&w, "single_transformer_blocks.0.norm.linear", 3, D);
+    set_adaln(&w, "norm_out.linear", 2, D);
+    fs_gen_params gp = {.seed = 1, .batch = 1, .grid_h = 2, .grid_w = 3, .txt_len = 4, .steps = 1, .guidance = 3.5};
+    fs_sched_preset(&gp.sched, "dev", NULL);
+    fs_inputs in;
+    assert_int_equal(fs_inputs_generate(&in, &c, FS_F64, &gp, NULL), 0);
+    grab g = {.names = {"transformer_blocks.0.norm1#1", "transformer_blocks.0.norm1#2", "transformer_blocks.0.norm1#3",
+                        "transformer_blocks.0.norm1#4", "single_transformer_blocks.0.norm#1", "norm_out.norm",
+                        "norm_out"},
+              .n = 7};
+    fs_model m = {.cfg = c, .dtype = FS_F64, .w = &w, .be = be, .rec = {grab_record, &g}};
+    fs_tensor lat;
+    fs_err e = {0};
+    assert_int_equal(fs_sample(&m, &in, NULL, &lat, &e), 0);
+    /* AdaLayerNormZero returns (x, gate_msa=chunk 2, shift_mlp=3, scale_mlp=4, gate_mlp=5) → constants 3,4,5,6 */
+    for (int k = 0; k < 4; k++)
+        for (int d = 0; d < D; d++) close_to(fs_tensor_get(&g.got[k], d), k + 3, 0, "norm1 tuple order");
+    /* AdaLayerNormZeroSingle returns (x, gate = chunk 2) → 3 */
+    for (int d = 0; d < D; d++) close_to(fs_tensor_get(&g.got[4], d), 3, 0, "single norm gate");
+    /* norm_out: (scale, shift) = (1, 2) → LN(x)·2 + 2 */
+    for (int64_t i = 0; i < fs_tensor_numel(&g.got[6]); i++)
+        close_to(fs_tensor_get(&g.got[6], i), fs_tensor_get(&g.got[5], i) * 2 + 2, 1e-14, "norm_out scale-first");
+    for (int i = 0; i < g.n; i++) fs_tensor_free(&g.got[i]);
+    fs_tensor_free(&lat);
+    fs_inputs_free(&in);
+    fs_weights_free(&w);
+}
+
+/* ---- scheduler (spec §8) ---- */
+
+static void sigmas_case(const char *sched, int N, int S_img, const double *want_t, const double *want_sigma)
+{
+    fs_sched_config sc;
+    assert_int_equal(fs_sched_preset(&sc, sched, NULL), 0);
+    double sig[64], ts[64];
+    assert_int_equal(fs_sched_sigmas(&sc, N, S_img, FS_F32, sig, ts, NULL), 0);
+    for (int i = 0; i < N; i++) {
+        /* the spec prints 8 significant digits of float32 values: half an ulp of the print */
+        close_to(ts[i], want_t[i], 6e-9, "timestep");
+        close_to(sig[i], want_sigma ? want_sigma[i] : want_t[i], 6e-9, "sigma");
+    }
+    assert_true(sig[N] == 0.0);
+}
+
+static void test_sched_dev_28_1024(void **s)
+{
+    const double t[28] = {1.0,        0.98840863, 0.97622246, 0.96339440, 0.94987255, 0.93559891, 0.92050898,
+                          0.90453076, 0.88758343, 0.86957592, 0.85040569, 0.82995641, 0.80809551, 0.78467160,
+                          0.75951093, 0.73241282, 0.70314473, 0.67143482, 0.63696450, 0.59935671, 0.55816287,
+                          0.51284415, 0.46274841, 0.40707844, 0.34484893, 0.27482799, 0.19545458, 0.10472090};
+    double sg[28];
+    memcpy(sg, t, sizeof sg);
+    sg[23] = 0.40707842; /* spec: sigmas equal the timesteps except these two */
+    sg[26] = 0.19545460;
+    sigmas_case("dev", 28, 4096, t, sg);
+}
+
+static void test_sched_dev_4_256(void **s)
+{
+    const double t[4] = {1.0, 0.83182430, 0.62245935, 0.35466123};
+    sigmas_case("dev", 4, 256, t, NULL);
+}
+
+static void test_sched_schnell_4(void **s)
+{
+    const double t[4] = {1.0, 0.75, 0.5, 0.25};
+    sigmas_case("schnell", 4, 4096, t, NULL);
+}
+
+static void test_sched_reference_exact(void **s)
+{
+    /* Bit-exact against the float32 sigmas/timesteps diffusers stored in the reference dumps:
+     * tiny (8x8 tokens, dev, mu 0.4675) and odd (3 steps, schnell). */
+    fs_sched_config sc;
+    fs_sched_preset(&sc, "dev", NULL);
+    close_to(fs_sched_mu(&sc, 64), 0.4675, 1e-15, "mu at 64 tokens");
+    const char *ref = fs_test_reference_dir();
+    if (!ref) FS_SKIP_LOUDLY("../shared/reference not found (set FLUX_REFERENCE_DIR)");
+    const struct { const char *cfg, *sched; int N, S_img; } cases[] = {{"tiny", "dev", 4, 64}, {"odd", "schnell", 3, 35}};
+    for (int c = 0; c < 2; c++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s/dump_fp32.h5", ref, cases[c].cfg);
+        fo_file *f;
+        fs_err e = {0};
+        if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+        fo_dataset sg = {0}, ts = {0};
+        assert_int_equal(fo_dataset_read(f, "/inputs/sigmas", &sg, &e), 0);
+        assert_int_equal(fo_dataset_read(f, "/inputs/timesteps", &ts, &e), 0);
+        fs_sched_preset(&sc, cases[c].sched, NULL);
+        double mysg[8], myts[8];
+        assert_int_equal(fs_sched_sigmas(&sc, cases[c].N, cases[c].S_img, FS_F32, mysg, myts, NULL), 0);
+        assert_int_equal(sg.numel, cases[c].N + 1);
+        for (int i = 0; i <= cases[c].N; i++) close_to(mysg[i], sg.data[i], 0, "sigma == diffusers float32 sigma");
+        for (int i = 0; i < cases[c].N; i++) close_to(myts[i], ts.data[i], 0, "timestep == diffusers float32 timestep");
+        fo_dataset_free(&sg);
+        fo_dataset_free(&ts);
+        fo_file_close(f);
+    }
+}
+
+/* ---- synthetic weights: counter-based, shard-addressable ---- */
+
+static void test_synthetic_weights_addressable(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "tiny", NULL);
+    fs_weights w;
+    assert_int_equal(fs_weights_synthetic(&w, &c, FS_F64, 42, NULL), 0);
+    int n;
+    fs_param_desc *pd = fs_config_params(&c, &n);
+    int i = fs_param_find(pd, n, "transformer_blocks.1.attn.to_q.weight");
+    assert_true(i >= 0);
+    const fs_tensor *t = fs_weights_get(&w, "transformer_blocks.1.attn.to_q.weight");
+    /* any element can be generated alone, equal to the full tensor's */
+    for (int64_t k = 0; k < fs_tensor_numel(t); k += 97)
+        assert_true(fs_weights_synthetic_value(&pd[i], 42, k) == fs_tensor_get(t, k));
+    /* magnitudes: Linear weight std ≈ 1/sqrt(in) */
+    double s2 = 0;
+    for (int64_t k = 0; k < fs_tensor_numel(t); k++) s2 += fs_tensor_get(t, k) * fs_tensor_get(t, k);
+    close_to(sqrt(s2 / fs_tensor_numel(t)) * sqrt(128.0), 1.0, 0.05, "weight std * sqrt(in)");
+    /* another seed gives other numbers */
+    assert_true(fs_weights_synthetic_value(&pd[i], 43, 0) != fs_tensor_get(t, 0));
+    free(pd);
+    fs_weights_free(&w);
+}
+
+static void test_config_errors(void **s)
+{
+    fs_config c;
+    fs_err e = {0};
+    assert_int_equal(fs_config_from_json(&c, "{not json", "x.json", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "x.json"));
+    const char *bad_axes = "{\"in_channels\":16,\"num_layers\":1,\"num_single_layers\":1,\"attention_head_dim\":32,"
+                           "\"num_attention_heads\":4,\"joint_attention_dim\":64,\"pooled_projection_dim\":32,"
+                           "\"guidance_embeds\":true,\"axes_dims_rope\":[8,12,10]}";
+    assert_int_equal(fs_config_from_json(&c, bad_axes, "y.json", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "axes_dims_rope"));
+    assert_int_equal(fs_config_preset(&c, "flux-pro", &e), FS_E_INPUT);
+    assert_int_equal(fs_config_preset(&c, "flux-dev", &e), 0);
+    assert_int_equal(fs_config_hidden(&c), 3072);
+    /* parameter count of FLUX.1-dev (spec §6: 11,901,408,320) */
+    int n;
+    fs_param_desc *pd = fs_config_params(&c, &n);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += pd[i].shape[0] * (pd[i].ndim == 2 ? pd[i].shape[1] : 1);
+    assert_true(total == 11901408320LL);
+    free(pd);
+    fs_config_preset(&c, "flux-schnell", &e);
+    pd = fs_config_params(&c, &n);
+    total = 0;
+    for (int i = 0; i < n; i++) total += pd[i].shape[0] * (pd[i].ndim == 2 ? pd[i].shape[1] : 1);
+    assert_true(total == 11891178560LL);
+    free(pd);
+}
+
+int main(void)
+{
+    be = fs_backend_cpu();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gelu_tanh),
+        cmocka_unit_test(test_silu),
+        cmocka_unit_test(test_layernorm_no_affine),
+        cmocka_unit_test(test_rmsnorm_per_head),
+        cmocka_unit_test(test_modulate_and_gate),
+        cmocka_unit_test(test_sinusoid_layout),
+        cmocka_unit_test(test_rope_tables_axes),
+        cmocka_unit_test(test_rope_adjacent_pairs),
+        cmocka_unit_test(test_attention_vs_naive),
+        cmocka_unit_test(test_adaln_chunk_orders),
+        cmocka_unit_test(test_sched_dev_28_1024),
+        cmocka_unit_test(test_sched_dev_4_256),
+        cmocka_unit_test(test_sched_schnell_4),
+        cmocka_unit_test(test_sched_reference_exact),
+        cmocka_unit_test(test_synthetic_weights_addressable),
+        cmocka_unit_test(test_config_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian package flux-sim needs to build and test (Debian 12, run as root).
+# Idempotent: skips apt entirely when everything is already present.
+set -euo pipefail
+PKGS=(
+  build-essential pkg-config make
+  libopenblas-dev                  # cblas_sgemm / cblas_dgemm
+  libopenmpi-dev openmpi-bin       # MPI ranks
+  libhdf5-openmpi-dev hdf5-tools   # parallel HDF5 (flux-dump files), h5dump for users
+  libcmocka-dev                    # unit tests
+  libcjson-dev                     # config.json and safetensors headers
+  python3-h5py python3-numpy       # tools/ scripts and cross-checks of dumps
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
