@@ -14,8 +14,8 @@ CMOCKA_LIBS   := $(shell pkg-config --libs cmocka)
 
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g -march=x86-64-v2
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Isim -Ioracle $(PKG_CFLAGS)
-LDLIBS  := $(PKG_LIBS) -lm
+CFLAGS  += -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Isim -Ioracle $(PKG_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -fopenmp -lm
 
 B := build
 SIM_SRC    := $(filter-out sim/main_%.c,$(wildcard sim/*.c))

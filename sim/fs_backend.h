@@ -54,7 +54,10 @@ struct fs_backend {
                      const fs_tensor *v, double scale, fs_err *e);
 };
 
-/* The CPU backend (OpenBLAS). `threads` <= 0 leaves OpenBLAS's own choice. */
+/* The CPU backend (OpenBLAS for GEMMs, OpenMP for attention and element-wise loops).
+ * fs_backend_cpu_set_threads sets both thread counts; <= 0 leaves the defaults (OpenBLAS:
+ * OPENBLAS_NUM_THREADS or all cores; OpenMP: OMP_NUM_THREADS or all cores). Several ranks
+ * sharing a node should each use 1 (or cores/ranks). */
 fs_backend *fs_backend_cpu(void);
 void fs_backend_cpu_set_threads(int threads);
 

@@ -1,7 +1,9 @@
 /* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest.
  * Each kernel is written once in fs_kernels_cpu.inc and instantiated for float and double. */
 #include <cblas.h>
+#include <malloc.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,9 +96,26 @@ static fs_backend cpu = {
     .attention = cpu_attention,
 };
 
-fs_backend *fs_backend_cpu(void) { return &cpu; }
+fs_backend *fs_backend_cpu(void)
+{
+    static int tuned;
+    if (!tuned) {
+        /* glibc serves blocks above its mmap threshold (at most 32 MiB) with fresh mmaps, so a
+         * FLUX-width activation ([4608, 12288] fp32 = 226 MB) would be page-faulted and zeroed by
+         * the kernel again at every op: 12% of a forward's time in clear_page. With the threshold
+         * raised, freed activations go back to the heap and are reused; trimming is raised too
+         * so the heap is not returned to the OS between ops. */
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        tuned = 1;
+    }
+    return &cpu;
+}
 
 void fs_backend_cpu_set_threads(int threads)
 {
-    if (threads > 0) openblas_set_num_threads(threads);
+    if (threads > 0) {
+        openblas_set_num_threads(threads);
+        omp_set_num_threads(threads);
+    }
 }

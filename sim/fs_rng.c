@@ -26,8 +26,32 @@ double fs_rng_uniform(uint64_t key, uint64_t index, uint32_t lane)
     return ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+static inline void pair(uint64_t key, uint64_t k, double *r, double *theta)
+{
+    double u1 = fs_rng_uniform(key, k, 0), u2 = fs_rng_uniform(key, k, 1);
+    *r = sqrt(-2.0 * log(u1));
+    *theta = 6.283185307179586476925 * u2;
+}
+
 double fs_rng_normal(uint64_t key, uint64_t index)
 {
-    double u1 = fs_rng_uniform(key, index, 0), u2 = fs_rng_uniform(key, index, 1);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+    double r, th;
+    pair(key, index >> 1, &r, &th);
+    return r * ((index & 1) ? sin(th) : cos(th));
+}
+
+void fs_rng_normal_fill(uint64_t key, uint64_t first, int64_t n, double *out)
+{
+    int64_t i = 0;
+    if (n > 0 && (first & 1)) { /* odd start: the sin half of a pair */
+        out[i++] = fs_rng_normal(key, first);
+    }
+    for (; i + 1 < n; i += 2) {
+        double r, th, s, c;
+        pair(key, (first + (uint64_t)i) >> 1, &r, &th);
+        sincos(th, &s, &c);
+        out[i] = r * c;
+        out[i + 1] = r * s;
+    }
+    if (i < n) out[i] = fs_rng_normal(key, first + (uint64_t)i);
 }

@@ -251,7 +251,8 @@ out:
 int fs_st_open(fs_st_file *f, const char *path, fs_err *e)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or device named by mistake must fail the S_ISREG check, not hang open(). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -388,9 +389,9 @@ static int open_index(fs_st_archive *a, const char *index, fs_err *e)
     int nshards = 0, rc;
     cJSON *root = NULL;
     if ((rc = read_text(index, &text, e))) return rc;
-    root = cJSON_Parse(text);
+    const char *at = NULL; /* not cJSON_GetErrorPtr(): that is a global, and loaders may run in threads */
+    root = cJSON_ParseWithOpts(text, &at, 1); /* 1: trailing garbage is an error too */
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
         char xb[32];
         rc = fs_errf(e, FS_E_INPUT, "%s: malformed JSON %s%s%s", index, at && *at ? "near '" : "(ends too early)",
                      at && *at ? excerpt(at, at + strlen(at), xb, sizeof xb) : "", at && *at ? "'" : "");

@@ -38,6 +38,28 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
     return 0;
 }
 
+/* Generates in blocks through fs_rng_normal_fill (two normals per Box-Muller pair); the values
+ * are exactly fs_weights_synthetic_value's. */
+static int fill_synthetic(fs_tensor *t, const fs_param_desc *d, uint64_t seed, fs_err *e)
+{
+    enum { BLK = 4096 };
+    double buf[BLK];
+    const uint64_t key = fs_rng_key(seed, d->name);
+    const double in = d->kind == FS_PARAM_LINEAR_W ? (double)d->shape[1] : 1.0;
+    const int64_t n = fs_tensor_numel(t);
+    for (int64_t k0 = 0; k0 < n; k0 += BLK) {
+        int64_t m = n - k0 < BLK ? n - k0 : BLK;
+        fs_rng_normal_fill(key, (uint64_t)k0, m, buf);
+        for (int64_t k = 0; k < m; k++) {
+            double z = buf[k], v = d->kind == FS_PARAM_LINEAR_W ? z / sqrt(in) : d->kind == FS_PARAM_BIAS ? 0.05 * z : 1.0 + 0.1 * z;
+            if (t->dtype == FS_F64) ((double *)t->data)[k0 + k] = v;
+            else ((float *)t->data)[k0 + k] = (float)v;
+        }
+    }
+    (void)e;
+    return FS_OK;
+}
+
 int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, fs_err *e)
 {
     int rc = fs_weights_init_empty(w, c, dt, e);
@@ -50,13 +72,9 @@ int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_
             fs_weights_free(w);
             return rc;
         }
-        int64_t n = fs_tensor_numel(&w->t[i]);
-        if (dt == FS_F64) {
-            double *p = w->t[i].data;
-            for (int64_t k = 0; k < n; k++) p[k] = fs_weights_synthetic_value(d, seed, k);
-        } else {
-            float *p = w->t[i].data;
-            for (int64_t k = 0; k < n; k++) p[k] = (float)fs_weights_synthetic_value(d, seed, k);
+        if ((rc = fill_synthetic(&w->t[i], d, seed, e))) {
+            fs_weights_free(w);
+            return rc;
         }
     }
     return FS_OK;

@@ -229,7 +229,7 @@ static int fill(fs_tensor *t, const fs_param_desc *d, const plan *pl, const fs_s
         t->dtype = FS_F32;
         t->ndim = d->ndim;
         for (int k = 0; k < d->ndim; k++) t->shape[k] = d->shape[k];
-        t->data = (void *)first; /* read-only mapping: kernels never write weights */
+        t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */
         t->owns = 0;
         return FS_OK;
     }

@@ -93,6 +93,8 @@ static void write_sample(const char *path, int with_inputs)
     assert_int_equal(fs_config_preset(&cfg, "tiny", &e), 0);
     fs_dump *d = NULL;
     if (fs_dump_create(&d, path, &cfg, FS_F32, "test_dump", &e)) fail_msg("%s", e.msg);
+    /* the sample is written compressed (not the default) so the reference-like layout is tested */
+    assert_int_equal(fs_dump_set_deflate(d, 1, &e), 0);
     assert_int_equal(fs_dump_set_attr_string(d, "parallel", "{\"world\": 1, \"mesh\": {\"tp\": 1}}", &e), 0);
     assert_int_equal(fs_dump_set_attr_int(d, "num_inference_steps", 2, &e), 0);
     assert_int_equal(fs_dump_set_attr_double(d, "mu", 0.4675, &e), 0);
@@ -684,6 +686,64 @@ static void test_crash_safety(void **state)
     fs_tensor_free(&t);
 }
 
+/* ---------- storage layout ---------- */
+
+/* Layout and number of filters of dataset `name` in the finished file `path`. */
+static void layout_of(const char *path, const char *name, H5D_layout_t *layout, int *nfilters)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    assert_true(f >= 0);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    assert_true(d >= 0);
+    hid_t p = H5Dget_create_plist(d);
+    *layout = H5Pget_layout(p);
+    *nfilters = H5Pget_nfilters(p);
+    H5Pclose(p);
+    H5Dclose(d);
+    H5Fclose(f);
+}
+
+static void test_layout(void **state)
+{
+    char path[128];
+    sample_path(path, sizeof path);
+    write_sample(path, 1);
+    H5D_layout_t l;
+    int nf;
+    layout_of(path, "/step_0000/x_embedder", &l, &nf); /* 1536 elements: one shuffle+deflate chunk */
+    assert_int_equal(l, H5D_CHUNKED);
+    assert_int_equal(nf, 2);
+    layout_of(path, "/step_0000/latents_in", &l, &nf); /* 192 elements: contiguous */
+    assert_int_equal(l, H5D_CONTIGUOUS);
+    assert_int_equal(nf, 0);
+
+    /* deflate 0 (the default): everything contiguous, values unchanged */
+    fs_err e = {0};
+    fs_dump *d = start(path);
+    assert_int_equal(fs_dump_set_deflate(d, 10, &e), FS_E_INPUT);
+    assert_int_equal(fs_dump_set_deflate(d, 0, &e), 0);
+    fs_tensor t;
+    make_tensor(&t, FS_F64, 2, (int64_t[]){4, 100}, 7);
+    assert_int_equal(fs_dump_begin_step(d, 0, 1, 1, 0.5, &e), 0);
+    assert_int_equal(fs_dump_record(d, "a", &t, &e), 0);
+    assert_int_equal(fs_dump_end_step(d, &e), 0);
+    if (fs_dump_close(d, &e)) fail_msg("%s", e.msg);
+    layout_of(path, "/step_0000/a", &l, &nf);
+    assert_int_equal(l, H5D_CONTIGUOUS);
+    assert_int_equal(nf, 0);
+    fo_file *f = NULL;
+    fo_dataset ds = {0};
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+    assert_string_equal(fo_file_dtype(f), "float64");
+    assert_int_equal(fo_file_nsteps(f), 1);
+    rec r = {"a", FS_F64, 2, {4, 100}};
+    expect_dataset(f, &ds, "/step_0000/a", &r, 7);
+    assert_false(fo_is_group(f, "/inputs")); /* written without inputs */
+    fo_dataset_free(&ds);
+    fo_file_close(f);
+    fs_tensor_free(&t);
+}
+
 /* ---------- metrics ---------- */
 
 static void test_metrics(void **state)
@@ -838,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_read_inputs_reference),
         cmocka_unit_test(test_read_errors),
         cmocka_unit_test(test_crash_safety),
+        cmocka_unit_test(test_layout),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_reference_oracle),
     };

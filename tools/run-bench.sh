@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# make bench: benchmarks, not tests. Figures go to docs/performance.md by hand, with this command.
+set -eu
+cd "$(dirname "$0")/.."
+echo "== bench_forward (OpenBLAS threads: ${OPENBLAS_NUM_THREADS:-default}) =="
+build/bench_forward "$@"
