@@ -30,7 +30,9 @@ BENCH_SRC  := $(wildcard tools/bench_*.c)
 BENCH_BIN  := $(patsubst tools/%.c,$(B)/%,$(BENCH_SRC))
 
 .PHONY: all test unit integration bench golden clean
-all: $(B)/flux-sim $(TEST_BIN) $(BENCH_BIN)
+ORACLE_MAIN := $(wildcard oracle/main_flux_oracle.c)
+ORACLE_BIN  := $(if $(ORACLE_MAIN),$(B)/flux-oracle)
+all: $(B)/flux-sim $(ORACLE_BIN) $(TEST_BIN) $(BENCH_BIN)
 
 $(B)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -43,12 +45,18 @@ $(LIB): $(LIB_OBJ)
 $(B)/flux-sim: $(B)/sim/main_flux_sim.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(B)/flux-oracle: $(B)/oracle/main_flux_oracle.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(B)/tests/%: tests/%.c $(LIB) $(HDRS) tests/test_util.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(CMOCKA_LIBS)
 
 $(B)/bench_%: tools/bench_%.c $(LIB) $(HDRS)
 	$(CC) $(CFLAGS) -O3 $< $(LIB) -o $@ $(LDLIBS)
+
+# Tests need the CLIs built first (integration tests call them).
+$(TEST_BIN): | $(B)/flux-sim $(ORACLE_BIN)
 
 # Tests run from the repo root; they find ../shared/reference through FLUX_REFERENCE_DIR
 # (default: ../shared/reference) and report SKIPPED loudly when it is absent.
