@@ -543,3 +543,166 @@ void fo_dataset_free(fo_dataset *ds)
     free(ds->data);
     memset(ds, 0, sizeof *ds);
 }
+
+/* ---------- block-wise reading ---------- */
+
+struct fo_stream {
+    fo_file *f;
+    char *path;
+    hid_t d, fspace;
+    int ndim;
+    hsize_t dims[FO_MAX_DIMS];
+    int k;            /* the axis blocks advance along: axes > k are read whole */
+    hsize_t rows;     /* block length along axis k */
+    hsize_t pos[FO_MAX_DIMS]; /* start of the next block (axes <= k) */
+    int64_t numel, off;
+    double *buf;
+    size_t cap;
+};
+
+void fo_stream_close(fo_stream *s)
+{
+    if (!s) return;
+    if (s->fspace >= 0) H5Sclose(s->fspace);
+    if (s->d >= 0) H5Dclose(s->d);
+    free(s->path);
+    free(s->buf);
+    free(s);
+}
+
+int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream **sp, fo_dataset *info, fs_err *e)
+{
+    char cause[256];
+    *sp = NULL;
+    int k0 = obj_kind(f->fid, path);
+    if (k0 < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", f->path, path);
+    if (k0 != (int)H5I_DATASET) return fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", f->path, path);
+    fo_stream *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", f->path, path);
+    }
+    s->f = f;
+    s->d = s->fspace = -1;
+    if (block_elems < 1) block_elems = 1;
+    int rc = FS_OK;
+    fo_dataset ds = {0};
+    /* Open once without a special access list to learn the layout, then reopen with a chunk
+     * cache big enough that no chunk is inflated twice. */
+    hid_t d0 = H5Dopen2(f->fid, path, H5P_DEFAULT);
+    if (d0 < 0) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+        goto fail;
+    }
+    if ((rc = describe(f, path, d0, &ds, e))) {
+        H5Dclose(d0);
+        goto fail;
+    }
+    s->ndim = ds.ndim;
+    s->numel = ds.numel;
+    for (int i = 0; i < ds.ndim; i++) s->dims[i] = (hsize_t)ds.shape[i];
+    /* k: the outermost axis whose trailing rows (the product of the axes after it) fit a block. */
+    if (ds.ndim) {
+        hsize_t inner = 1;
+        s->k = ds.ndim - 1;
+        for (int i = ds.ndim - 1; i > 0; i--) {
+            hsize_t next = inner * s->dims[i];
+            if (next > (hsize_t)block_elems) break;
+            inner = next;
+            s->k = i - 1;
+        }
+        s->rows = (hsize_t)block_elems / inner;
+        if (s->rows < 1) s->rows = 1;
+        if (s->rows > s->dims[s->k]) s->rows = s->dims[s->k];
+    }
+    hid_t dcpl = H5Dget_create_plist(d0);
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (dcpl >= 0 && dapl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED && ds.ndim) {
+        hsize_t cd[FO_MAX_DIMS];
+        int nd = H5Pget_chunk(dcpl, FO_MAX_DIMS, cd);
+        hid_t t = H5Dget_type(d0);
+        size_t esz = t >= 0 ? H5Tget_size(t) : 8;
+        if (t >= 0) H5Tclose(t);
+        if (nd == ds.ndim) {
+            /* Chunks one block touches: all chunks across axes > k, the chunk rows along k that
+             * `rows` spans (+1 for a partial one), one chunk along axes < k. */
+            double chunk_bytes = (double)esz, nchunks = 1;
+            for (int i = 0; i < nd; i++) chunk_bytes *= (double)cd[i];
+            for (int i = s->k + 1; i < nd; i++) nchunks *= (double)((s->dims[i] + cd[i] - 1) / cd[i]);
+            nchunks *= (double)((s->rows + cd[s->k] - 1) / cd[s->k] + 1);
+            double bytes = chunk_bytes * nchunks;
+            if (bytes < 1 << 20) bytes = 1 << 20;
+            if (bytes > 4.0 * (1 << 30)) bytes = 4.0 * (1 << 30);
+            H5Pset_chunk_cache(dapl, 12421, (size_t)bytes, 1.0);
+        }
+    }
+    if (dcpl >= 0) H5Pclose(dcpl);
+    H5Dclose(d0);
+    s->d = H5Dopen2(f->fid, path, dapl >= 0 ? dapl : H5P_DEFAULT);
+    if (dapl >= 0) H5Pclose(dapl);
+    if (s->d < 0 || (s->fspace = H5Dget_space(s->d)) < 0) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+        goto fail;
+    }
+    if (info) {
+        info->ndim = ds.ndim;
+        memcpy(info->shape, ds.shape, sizeof ds.shape);
+        info->numel = ds.numel;
+        memcpy(info->dtype, ds.dtype, sizeof ds.dtype);
+    }
+    *sp = s;
+    return FS_OK;
+fail:
+    fo_stream_close(s);
+    return rc;
+}
+
+int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, fs_err *e)
+{
+    char cause[256];
+    *data = NULL;
+    *off = s->off;
+    *n = 0;
+    if (s->off >= s->numel) return FS_OK;
+    hsize_t start[FO_MAX_DIMS], count[FO_MAX_DIMS];
+    int64_t cnt = 1;
+    if (s->ndim == 0) {
+        cnt = 1;
+    } else {
+        for (int i = 0; i < s->ndim; i++) {
+            if (i < s->k) start[i] = s->pos[i], count[i] = 1;
+            else if (i == s->k) {
+                start[i] = s->pos[i];
+                count[i] = s->rows < s->dims[i] - s->pos[i] ? s->rows : s->dims[i] - s->pos[i];
+            } else start[i] = 0, count[i] = s->dims[i];
+            cnt *= (int64_t)count[i];
+        }
+    }
+    if ((size_t)cnt > s->cap) {
+        double *p = realloc(s->buf, (size_t)cnt * sizeof *p);
+        if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)cnt);
+        s->buf = p;
+        s->cap = (size_t)cnt;
+    }
+    herr_t r;
+    if (s->ndim == 0) {
+        r = H5Dread(s->d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->buf);
+    } else {
+        hsize_t m = (hsize_t)cnt;
+        hid_t ms = H5Screate_simple(1, &m, NULL);
+        r = ms < 0 ? -1 : H5Sselect_hyperslab(s->fspace, H5S_SELECT_SET, start, NULL, count, NULL);
+        if (r >= 0) r = H5Dread(s->d, H5T_NATIVE_DOUBLE, ms, s->fspace, H5P_DEFAULT, s->buf);
+        if (ms >= 0) H5Sclose(ms);
+        /* Advance: along k, carrying into the outer axes like an odometer. */
+        s->pos[s->k] += count[s->k];
+        for (int i = s->k; i > 0 && s->pos[i] >= s->dims[i]; i--) {
+            s->pos[i] = 0;
+            s->pos[i - 1]++;
+        }
+    }
+    if (r < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", s->f->path, s->path, h5_cause(cause));
+    *data = s->buf;
+    *n = cnt;
+    s->off += cnt;
+    return FS_OK;
+}

@@ -84,6 +84,23 @@ void fo_dataset_free(fo_dataset *ds);
 /* "[1, 64, 128]" */
 const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
+/* Block-wise reading, so a diff holds a block of each dataset, not the dataset.
+ *
+ * Blocks are runs of whole trailing-axis rows in row-major order of about `block_elems` values
+ * (at least one row of the last axis), so two datasets of the same shape opened with the same
+ * block_elems yield blocks of identical offsets and lengths and can be compared in lockstep.
+ * Contiguous datasets are read a hyperslab at a time (memory: one block). For chunked
+ * (compressed) datasets HDF5 must inflate whole chunks; the stream sizes the chunk cache so each
+ * chunk is inflated once, so memory is one block plus the chunks a block row spans (for the
+ * reference dumps, stored as one chunk per dataset, that is the dataset in its stored dtype). */
+typedef struct fo_stream fo_stream;
+/* Opens `path`; `info` (may be NULL) receives shape and dtype (data untouched). */
+int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream **s, fo_dataset *info, fs_err *e);
+/* The next block: *n values starting at flat index *off; *n == 0 after the last block. *data is
+ * owned by the stream and valid until the next call. */
+int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, fs_err *e);
+void fo_stream_close(fo_stream *s); /* safe on NULL */
+
 /* Any attribute of any object as text or number. Absent: FS_OK and *out NULL / *found 0.
  * A string attribute read as a number (or the reverse) is an FS_E_INPUT error. */
 int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e); /* free() *out */

@@ -8,6 +8,7 @@
 #ifndef FO_METRICS_H
 #define FO_METRICS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,10 +24,44 @@ typedef struct fo_stats {
     int64_t n_nonfinite_mismatch; /* positions where a and b are not the same non-finite value
                                      (NaN vs number, +inf vs -inf, inf vs number); NaN == NaN */
     int64_t first_nonfinite;      /* flat index of the first non-finite value on either side, or -1 */
+    double max_abs_a, max_abs_b;  /* max |a|, max |b| over finite pairs: the scale that max_abs is
+                                     judged against (fo_stats_max_rel) */
 } fo_stats;
 
 /* Compare a (the candidate) against b (the reference). n may be 0 (all metrics 0, cosine 1). */
 void fo_compare(const double *a, const double *b, int64_t n, fo_stats *s);
+
+/* max|a-b| / max|b|: a per-element criterion that, unlike rel_l2, does not dilute a single bad
+ * element among many good ones (0/0 = 0, x/0 = +inf). */
+static inline double fo_stats_max_rel(const fo_stats *s)
+{
+    if (s->max_abs_b > 0) return s->max_abs / s->max_abs_b;
+    return s->max_abs > 0 ? INFINITY : 0.0;
+}
+
+/* Streaming form of fo_compare, for datasets read block by block: fo_acc_add the blocks in flat
+ * order, then fo_acc_finish. Sums are kept in long double, whose exponent range holds the square
+ * of any finite double, so no overflow rescue pass (which would need the data twice) is needed;
+ * the results equal fo_compare's to rounding. Initialise with fo_acc_init. */
+typedef struct fo_acc {
+    fo_stats s;
+    long double saa, sbb, sdd, sab;
+} fo_acc;
+void fo_acc_init(fo_acc *acc);
+void fo_acc_add(fo_acc *acc, const double *a, const double *b, int64_t n);
+void fo_acc_finish(fo_acc *acc, fo_stats *out);
+
+/* Single-tensor summary for `flux-oracle stats`, also streaming. mean/std over finite values
+ * (blocks merged with Chan's formula, so std has no catastrophic cancellation). */
+typedef struct fo_summary {
+    int64_t n, n_finite, nan, inf;
+    double min, max, mean, std;
+    int64_t first_nonfinite; /* flat index, or -1 */
+    double m2;               /* internal: sum of squared deviations */
+} fo_summary;
+void fo_summary_init(fo_summary *s);
+void fo_summary_add(fo_summary *s, const double *x, int64_t n);
+void fo_summary_finish(fo_summary *s);
 
 /* 1 when nothing on either side is NaN or Inf. */
 static inline int fo_stats_all_finite(const fo_stats *s)

@@ -52,6 +52,12 @@ struct fs_backend {
      * scores in `layout` (natural log), what a ring merge needs. */
     int (*attention)(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
                      const fs_tensor *v, double scale, fs_err *e);
+    /* Ring-attention merge of a partial (out_i, lse_i) into the running (out, lse), exactly as
+     * diffusers' TemplatedRingAttention: out ← out − σ(lse_i − lse)·(out − out_i),
+     * lse ← lse − logσ(lse − lse_i). out/out_i [B,S,H,Dh]; lse/lse_i in `layout` ([B,H,S]):
+     * the code indexes lse by (b, h, s) explicitly, it never infers the layout from a size. */
+    void (*ring_merge)(fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
+                       fs_lse_layout layout);
 };
 
 /* The CPU backend (OpenBLAS for GEMMs, OpenMP for attention and element-wise loops).

@@ -15,6 +15,7 @@
 #define EXP expf
 #define LOG logf
 #define TANH tanhf
+#define LOG1P log1pf
 #include "fs_kernels_cpu.inc"
 #undef T
 #undef SFX
@@ -22,6 +23,7 @@
 #undef EXP
 #undef LOG
 #undef TANH
+#undef LOG1P
 
 #define T double
 #define SFX f64
@@ -29,6 +31,7 @@
 #define EXP exp
 #define LOG log
 #define TANH tanh
+#define LOG1P log1p
 #include "fs_kernels_cpu.inc"
 #undef T
 #undef SFX
@@ -36,6 +39,7 @@
 #undef EXP
 #undef LOG
 #undef TANH
+#undef LOG1P
 
 /* Dispatch on the dtype of the first tensor argument. */
 #define DISPATCH(dt, fn, ...) ((dt) == FS_F64 ? fn##_f64(__VA_ARGS__) : fn##_f32(__VA_ARGS__))
@@ -80,6 +84,12 @@ static int cpu_attention(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, c
     return DISPATCH(q->dtype, attention, out, lse, layout, q, k, v, scale, e);
 }
 
+static void cpu_ring_merge(fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
+                           fs_lse_layout layout)
+{
+    DISPATCH(out->dtype, ring_merge, out, lse, out_i, lse_i, layout);
+}
+
 static fs_backend cpu = {
     .name = "cpu-openblas",
     .gemm = cpu_gemm,
@@ -94,6 +104,7 @@ static fs_backend cpu = {
     .gated_add = cpu_gated_add,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .ring_merge = cpu_ring_merge,
 };
 
 fs_backend *fs_backend_cpu(void)

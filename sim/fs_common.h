@@ -12,6 +12,7 @@
  * the h5diff convention that flux-oracle and --check follow). */
 enum {
     FS_OK = 0,
+    FS_DIVERGED = 1,   /* --check found a divergence (not an error: the exit code of a finding) */
     FS_E_INPUT = 2,    /* bad file, bad argument, malformed data: the user can fix it */
     FS_E_IO = 3,       /* the OS refused (open/write/mmap/rename) */
     FS_E_NOMEM = 4,

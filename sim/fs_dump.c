@@ -608,7 +608,7 @@ void fs_dump_abort(fs_dump *d)
     free(tmp);
 }
 
-static int record_cb(void *ctx, const char *name, const fs_tensor *t, fs_err *e)
+static int record_cb(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
 {
     return fs_dump_record(ctx, name, t, e);
 }

@@ -7,6 +7,8 @@
  * §9 are marked "gotcha N" where they bite. */
 #include "fs_model.h"
 
+#include "fs_seqpar.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,11 +26,50 @@
 
 typedef struct ctx {
     const fs_model *m;
+    const fs_par *par; /* NULL: one rank holds everything */
     fs_backend *be;
     fs_dtype dt;
-    int B, S_img, S_txt, S, D, H, Dh;
+    int B, S_img, S_txt, S, D, H, Dh; /* S_* are this rank's LOCAL token counts */
+    int tp, tp_rank;
     fs_err *e;
 } ctx;
+
+/* Token sharding of a recorded tensor: which stream its token axis belongs to. */
+enum { ST_REP = 0, ST_IMG, ST_TXT, ST_JOINT };
+
+/* The fs_shard of a local tensor: tokens of `stream` on axis tokdim (sequence parallelism), and
+ * axis fdim (-1: last) split over the TP group when its local size differs from fglob. */
+static void make_shard(const ctx *c, const fs_tensor *t, int stream, int tokdim, int fdim, int64_t fglob, fs_shard *sh)
+{
+    memset(sh, 0, sizeof *sh);
+    const fs_par *p = c->par;
+    if (!p) return;
+    if (p->sp > 1 && stream != ST_REP) {
+        fs_shard_dim *d = &sh->d[sh->ndims++];
+        const int q = p->sp_rank;
+        d->dim = tokdim;
+        if (stream == ST_TXT || stream == ST_JOINT) {
+            d->iv[d->n][0] = p->txt_lo[q];
+            d->iv[d->n++][1] = p->txt_hi[q];
+        }
+        if (stream == ST_IMG || stream == ST_JOINT) {
+            int64_t off = stream == ST_JOINT ? p->S_txt : 0;
+            d->iv[d->n][0] = off + p->img_lo[q];
+            d->iv[d->n++][1] = off + p->img_hi[q];
+        }
+    }
+    if (fglob > 0) {
+        int ax = fdim < 0 ? t->ndim - 1 : fdim;
+        int64_t w = t->shape[ax];
+        if (w != fglob) {
+            fs_shard_dim *d = &sh->d[sh->ndims++];
+            d->dim = ax;
+            d->n = 1;
+            d->iv[0][0] = (int64_t)c->tp_rank * w;
+            d->iv[0][1] = (int64_t)(c->tp_rank + 1) * w;
+        }
+    }
+}
 
 static const char *fmt_name(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static const char *fmt_name(char *buf, size_t n, const char *fmt, ...)
@@ -40,10 +81,10 @@ static const char *fmt_name(char *buf, size_t n, const char *fmt, ...)
     return buf;
 }
 
-/* Record `t` as module `name` (printf-style), viewed with the given PyTorch shape when ndim > 0. */
-static int rec_shaped(ctx *c, const fs_tensor *t, int ndim, const int64_t *shape, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int rec_shaped(ctx *c, const fs_tensor *t, int ndim, const int64_t *shape, const char *fmt, ...)
+/* Record `t` as module `name` (printf-style), with its sharding (see make_shard). */
+static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, int fdim, int64_t fglob, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, int fdim, int64_t fglob, const char *fmt, ...)
 {
     if (!c->m->rec.fn) return FS_OK;
     char name[192];
@@ -51,12 +92,14 @@ static int rec_shaped(ctx *c, const fs_tensor *t, int ndim, const int64_t *shape
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    fs_tensor v = ndim > 0 ? fs_tensor_reshape(t, ndim, shape) : *t;
-    int rc = c->m->rec.fn(c->m->rec.ctx, name, &v, c->e);
+    fs_shard sh;
+    make_shard(c, t, stream, tokdim, fdim, fglob, &sh);
+    int rc = c->m->rec.fn(c->m->rec.ctx, name, t, &sh, c->e);
     if (rc) fs_err_prefix(c->e, "recording %s: ", name);
     return rc;
 }
-#define REC(t, ...) rec_shaped(c, (t), 0, NULL, __VA_ARGS__)
+/* REC(t, stream, global width of the last axis or 0, name...) */
+#define REC(t, stream, fglob, ...) rec_sharded(c, (t), (stream), 1, -1, (fglob), __VA_ARGS__)
 
 static int alloc3(ctx *c, fs_tensor *t, int64_t d0, int64_t d1, int64_t d2)
 {
@@ -64,35 +107,77 @@ static int alloc3(ctx *c, fs_tensor *t, int64_t d0, int64_t d1, int64_t d2)
 }
 
 /* nn.Linear: y = x·Wᵀ + b over the last dim of x; y is allocated with x's leading dims and the
- * weight's out width, then recorded under `name`. */
-static int linear(ctx *c, const fs_tensor *x, const char *name, fs_tensor *y)
+ * output width, then recorded under `name` (tokens of `stream`). Under tensor parallelism the
+ * plan decides the split (fs_plan.h):
+ *   colwise        rank t computes output columns [t·N/T, (t+1)·N/T): weight rows slice, bias slice
+ *   rowwise        x holds input columns [t·K/T, (t+1)·K/T): partial = x·W[:, slice]ᵀ, all-reduce,
+ *                  then the bias, once
+ *   packed_rowwise x = [a_t | b_t]: weight columns [t·A/T, ..) and A + [t·B/T, ..), two GEMMs
+ *                  into one partial, all-reduce, bias once */
+static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y)
 {
     char wn[192], bn[192];
     const fs_tensor *W = fs_weights_get(c->m->w, fmt_name(wn, sizeof wn, "%s.weight", name));
     const fs_tensor *b = fs_weights_get(c->m->w, fmt_name(bn, sizeof bn, "%s.bias", name));
     if (!W || !b) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", W ? bn : wn);
-    int64_t K = W->shape[1], N = W->shape[0];
-    if (x->shape[x->ndim - 1] != K) {
-        char s1[64], s2[64];
-        return fs_errf(c->e, FS_E_INTERNAL, "%s: input %s does not match weight %s", name,
-                       fs_tensor_shape_str(x, s1, sizeof s1), fs_tensor_shape_str(W, s2, sizeof s2));
-    }
+    const int64_t K = W->shape[1], N = W->shape[0], T = c->tp, t = c->tp_rank;
+    const int64_t Kx = x->shape[x->ndim - 1], M = fs_tensor_numel(x) / (Kx ? Kx : 1);
+    const size_t es = fs_dtype_size(c->dt);
+    int64_t widths[2] = {0, 0};
+    fs_tp_style style = T > 1 ? fs_plan_lookup(c->par->plan, &c->m->cfg, name, widths, NULL) : FS_TP_REPLICATE;
+    char s1[64], s2[64];
+    int64_t Ny = style == FS_TP_COLWISE ? N / T : N;
+    if (style == FS_TP_COLWISE && N % T)
+        return fs_errf(c->e, FS_E_INPUT, "%s: colwise over %lld ranks needs %lld output features divisible by it", name,
+                       (long long)T, (long long)N);
+    int64_t kexp = style == FS_TP_ROWWISE ? K / T
+                   : style == FS_TP_PACKED_ROWWISE ? widths[0] / T + widths[1] / T
+                                                     : K;
+    if (style == FS_TP_PACKED_ROWWISE && widths[0] + widths[1] != K)
+        return fs_errf(c->e, FS_E_INPUT, "%s: packed_rowwise widths %lld + %lld do not add up to the weight's %lld inputs",
+                       name, (long long)widths[0], (long long)widths[1], (long long)K);
+    if (Kx != kexp)
+        return fs_errf(c->e, FS_E_INPUT, "%s (%s over %lld ranks): input %s does not match weight %s (expects %lld local inputs)",
+                       name, fs_tp_style_name(style), (long long)T, fs_tensor_shape_str(x, s1, sizeof s1),
+                       fs_tensor_shape_str(W, s2, sizeof s2), (long long)kexp);
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
-    shape[x->ndim - 1] = N;
+    shape[x->ndim - 1] = Ny;
     int rc = fs_tensor_alloc(y, c->dt, x->ndim, shape, c->e);
     if (rc) return rc;
-    int64_t M = fs_tensor_numel(x) / K;
-    c->be->gemm(c->dt, 1, M, N, K, 1.0, x->data, K, W->data, K, 0.0, y->data, N);
-    c->be->add_bias(y, b->data, N);
-    return REC(y, "%s", name);
+    const char *Wd = W->data, *bd = b->data;
+    switch (style) {
+    case FS_TP_REPLICATE:
+        c->be->gemm(c->dt, 1, M, N, K, 1.0, x->data, K, Wd, K, 0.0, y->data, N);
+        c->be->add_bias(y, bd, N);
+        break;
+    case FS_TP_COLWISE:
+        c->be->gemm(c->dt, 1, M, Ny, K, 1.0, x->data, K, Wd + (size_t)(t * Ny * K) * es, K, 0.0, y->data, Ny);
+        c->be->add_bias(y, bd + (size_t)(t * Ny) * es, Ny);
+        break;
+    case FS_TP_ROWWISE:
+        c->be->gemm(c->dt, 1, M, N, Kx, 1.0, x->data, Kx, Wd + (size_t)(t * Kx) * es, K, 0.0, y->data, N);
+        fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
+        c->be->add_bias(y, bd, N);
+        break;
+    case FS_TP_PACKED_ROWWISE: {
+        const int64_t a = widths[0] / T, bw = widths[1] / T;
+        c->be->gemm(c->dt, 1, M, N, a, 1.0, x->data, Kx, Wd + (size_t)(t * a) * es, K, 0.0, y->data, N);
+        c->be->gemm(c->dt, 1, M, N, bw, 1.0, (const char *)x->data + (size_t)a * es, Kx,
+                    Wd + (size_t)(widths[0] + t * bw) * es, K, 1.0, y->data, N);
+        fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
+        c->be->add_bias(y, bd, N);
+        break;
+    }
+    }
+    return REC(y, stream, N, "%s", name);
 }
 
 /* Element-wise activation into a new tensor, recorded under `name`. */
 static int activation(ctx *c, void (*op)(fs_tensor *, const fs_tensor *), const fs_tensor *x, fs_tensor *y,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+                      int stream, int64_t fglob, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 static int activation(ctx *c, void (*op)(fs_tensor *, const fs_tensor *), const fs_tensor *x, fs_tensor *y,
-                      const char *fmt, ...)
+                      int stream, int64_t fglob, const char *fmt, ...)
 {
     int rc = fs_tensor_alloc(y, c->dt, x->ndim, x->shape, c->e);
     if (rc) return rc;
@@ -102,7 +187,7 @@ static int activation(ctx *c, void (*op)(fs_tensor *, const fs_tensor *), const 
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return REC(y, "%s", name);
+    return REC(y, stream, fglob, "%s", name);
 }
 
 /* Plain LayerNorm (no affine, eps 1e-6) into a new tensor. */
@@ -260,10 +345,10 @@ static int mlp_embedder(ctx *c, const fs_tensor *x, const char *name, const char
     fs_tensor h[2] = {0};
     char n[160];
     int rc;
-    TRY(linear(c, x, fmt_name(n, sizeof n, "%s.linear_1", name), &h[0]));
-    TRY(activation(c, c->be->silu, &h[0], &h[1], "%s.%s", name, act));
-    TRY(linear(c, &h[1], fmt_name(n, sizeof n, "%s.linear_2", name), y));
-    TRY(REC(y, "%s", name));
+    TRY(linear(c, x, fmt_name(n, sizeof n, "%s.linear_1", name), ST_REP, &h[0]));
+    TRY(activation(c, c->be->silu, &h[0], &h[1], ST_REP, 0, "%s.%s", name, act));
+    TRY(linear(c, &h[1], fmt_name(n, sizeof n, "%s.linear_2", name), ST_REP, y));
+    TRY(REC(y, ST_REP, 0, "%s", name));
 out:
     free_all(h, 2);
     return rc;
@@ -284,12 +369,12 @@ static int time_text_embed(ctx *c, const double *timestep, const double *guidanc
         if (guidance) g[b] = c->dt == FS_F32 ? (double)((float)guidance[b] * 1000.0f) : guidance[b] * 1000.0;
     }
     TRY(fs_time_proj(c->dt, t, B, &tp, c->e));
-    TRY(REC(&tp, "time_text_embed.time_proj"));
+    TRY(REC(&tp, ST_REP, 0, "time_text_embed.time_proj"));
     TRY(mlp_embedder(c, &tp, "time_text_embed.timestep_embedder", "act", &te));
     if (guidance) {
         /* gotcha 3: the same time_proj module fires a second time */
         TRY(fs_time_proj(c->dt, g, B, &gp, c->e));
-        TRY(REC(&gp, "time_text_embed.time_proj@1"));
+        TRY(REC(&gp, ST_REP, 0, "time_text_embed.time_proj@1"));
         TRY(mlp_embedder(c, &gp, "time_text_embed.guidance_embedder", "act", &ge));
         TRY(fs_tensor_alloc2(&sum, c->dt, B, c->D, c->e));
         c->be->add(&sum, &te, &ge);
@@ -300,7 +385,7 @@ static int time_text_embed(ctx *c, const double *timestep, const double *guidanc
     TRY(mlp_embedder(c, pooled, "time_text_embed.text_embedder", "act_1", &pe));
     TRY(fs_tensor_alloc2(temb, c->dt, B, c->D, c->e));
     c->be->add(temb, &te, &pe);
-    TRY(REC(temb, "time_text_embed"));
+    TRY(REC(temb, ST_REP, 0, "time_text_embed"));
 out:
     fs_tensor_free(&tp);
     fs_tensor_free(&te);
@@ -317,22 +402,22 @@ out:
  * (shift, scale, gate[, shift_mlp, scale_mlp, gate_mlp]) (gotcha 8); returns LN(x)·(1+scale)+shift
  * in *xm and the chunks in mod[]. Records .silu, .linear, .norm, then the tuple #0..#(n-2):
  * #0 = modulated x, #k = chunk k+1 (shift and scale of the attention are not returned). */
-static int ada_layer_norm_zero(ctx *c, const char *name, const fs_tensor *x, const fs_tensor *temb, int n,
-                               fs_tensor *xm, fs_tensor *mod)
+static int ada_layer_norm_zero(ctx *c, const char *name, const fs_tensor *x, int stream, const fs_tensor *temb,
+                               int n, fs_tensor *xm, fs_tensor *mod)
 {
     fs_tensor s = {0}, lin = {0}, ln = {0};
     char nm[160];
     int rc;
     /* gotcha 10: each AdaLN applies SiLU to temb itself */
-    TRY(activation(c, c->be->silu, temb, &s, "%s.silu", name));
-    TRY(linear(c, &s, fmt_name(nm, sizeof nm, "%s.linear", name), &lin));
+    TRY(activation(c, c->be->silu, temb, &s, ST_REP, 0, "%s.silu", name));
+    TRY(linear(c, &s, fmt_name(nm, sizeof nm, "%s.linear", name), ST_REP, &lin));
     TRY(chunk(c, &lin, n, mod));
     TRY(layernorm(c, x, &ln));
-    TRY(REC(&ln, "%s.norm", name));
+    TRY(REC(&ln, stream, 0, "%s.norm", name));
     TRY(fs_tensor_alloc(xm, c->dt, x->ndim, x->shape, c->e));
     c->be->modulate(xm, &ln, &mod[1], &mod[0]); /* gotcha 9: LN(x)·(1 + scale) + shift */
-    TRY(REC(xm, "%s#0", name));
-    for (int k = 1; k < n - 1; k++) TRY(REC(&mod[k + 1], "%s#%d", name, k));
+    TRY(REC(xm, stream, 0, "%s#0", name));
+    for (int k = 1; k < n - 1; k++) TRY(REC(&mod[k + 1], ST_REP, 0, "%s#%d", name, k));
 out:
     fs_tensor_free(&s);
     fs_tensor_free(&lin);
@@ -341,30 +426,32 @@ out:
 }
 
 /* RMSNorm over head_dim of a [B,S,D] projection, recorded as [B,S,H,Dh] (gotcha 7). */
-static int qk_norm(ctx *c, const fs_tensor *x, const char *name, fs_tensor *y)
+static int qk_norm(ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y)
 {
     char wn[192];
     const fs_tensor *w = fs_weights_get(c->m->w, fmt_name(wn, sizeof wn, "%s.weight", name));
     if (!w) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", wn);
-    int64_t shape[4] = {x->shape[0], x->shape[1], c->H, c->Dh};
+    /* local heads: all of them, or this TP rank's H/T (colwise q/k) */
+    int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
     int rc = fs_tensor_alloc(y, c->dt, 4, shape, c->e);
     if (rc) return rc;
     c->be->rmsnorm(y, x, w, RMS_EPS);
-    return REC(y, "%s", name);
+    return rec_sharded(c, y, stream, 1, 2, c->H, "%s", name);
 }
 
 /* FeedForward(D, D, "gelu-approximate"): net.0 = GELU(proj) (net.0.proj, net.0), net.1 Dropout(0),
  * net.2 Linear. Records all five hooks; *y is net.2's output (= the module's). */
-static int feed_forward(ctx *c, const fs_tensor *x, const char *name, fs_tensor *y)
+static int feed_forward(ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y)
 {
     fs_tensor h[2] = {0};
     char nm[160];
     int rc;
-    TRY(linear(c, x, fmt_name(nm, sizeof nm, "%s.net.0.proj", name), &h[0]));
-    TRY(activation(c, c->be->gelu_tanh, &h[0], &h[1], "%s.net.0", name)); /* gotcha 14 */
-    TRY(REC(&h[1], "%s.net.1", name));
-    TRY(linear(c, &h[1], fmt_name(nm, sizeof nm, "%s.net.2", name), y));
-    TRY(REC(y, "%s", name));
+    const int64_t F = fs_config_mlp_hidden(&c->m->cfg);
+    TRY(linear(c, x, fmt_name(nm, sizeof nm, "%s.net.0.proj", name), stream, &h[0]));
+    TRY(activation(c, c->be->gelu_tanh, &h[0], &h[1], stream, F, "%s.net.0", name)); /* gotcha 14 */
+    TRY(REC(&h[1], stream, F, "%s.net.1", name));
+    TRY(linear(c, &h[1], fmt_name(nm, sizeof nm, "%s.net.2", name), stream, y));
+    TRY(REC(y, stream, c->D, "%s", name));
 out:
     free_all(h, 2);
     return rc;
@@ -373,18 +460,25 @@ out:
 /* SDPA over the joint sequence: q, k, v [B,S,D] viewed as [B,S,H,Dh] (head-major columns). */
 static int sdpa(ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, fs_tensor *o)
 {
-    int64_t B = q->shape[0], S = q->shape[1];
-    int64_t s4[4] = {B, S, c->H, c->Dh};
-    int rc = alloc3(c, o, B, S, c->D);
+    /* q, k may be [B,S,Hl,Dh] (after the QK norm) and v [B,S,Hl·Dh]: compare features per token */
+    const int64_t B = q->shape[0], S = q->shape[1], W = fs_tensor_numel(q) / (B * S), Hl = W / c->Dh;
+    const int64_t Wk = fs_tensor_numel(k) / (B * S), Wv = fs_tensor_numel(v) / (B * S);
+    if (Wk != W || Wv != W)
+        return fs_errf(c->e, FS_E_INPUT, "attention: q, k, v have %lld, %lld, %lld local features per token (a plan "
+                                         "that splits them differently?)",
+                       (long long)W, (long long)Wk, (long long)Wv);
+    int64_t s4[4] = {B, S, Hl, c->Dh};
+    int rc = alloc3(c, o, B, S, W);
     if (rc) return rc;
     fs_tensor q4 = fs_tensor_reshape(q, 4, s4), k4 = fs_tensor_reshape(k, 4, s4), v4 = fs_tensor_reshape(v, 4, s4);
     fs_tensor o4 = fs_tensor_reshape(o, 4, s4);
+    if (c->par && c->par->sp > 1) return fs_seqpar_attention(c->par, c->be, &o4, &q4, &k4, &v4, c->e);
     return c->be->attention(&o4, NULL, FS_LSE_BHS, &q4, &k4, &v4, 1.0 / sqrt((double)c->Dh), c->e);
 }
 
 static void rope_inplace(ctx *c, fs_tensor *x, const fs_tensor *cos_t, const fs_tensor *sin_t)
 {
-    int64_t s4[4] = {x->shape[0], x->shape[1], c->H, c->Dh};
+    int64_t s4[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
     fs_tensor x4 = fs_tensor_reshape(x, 4, s4);
     c->be->rope(&x4, cos_t, sin_t);
 }
@@ -403,20 +497,20 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
 #define N(suffix) fmt_name(nm, sizeof nm, "%s." suffix, p)
 
-    TRY(ada_layer_norm_zero(c, N("norm1"), x, temb, 6, &t[XM], mod));
-    TRY(ada_layer_norm_zero(c, N("norm1_context"), cx, temb, 6, &t[CM], cmod));
+    TRY(ada_layer_norm_zero(c, N("norm1"), x, ST_IMG, temb, 6, &t[XM], mod));
+    TRY(ada_layer_norm_zero(c, N("norm1_context"), cx, ST_TXT, temb, 6, &t[CM], cmod));
 
     /* attn = FluxAttention with added (text) projections */
-    TRY(linear(c, &t[XM], N("attn.to_q"), &t[Q]));
-    TRY(linear(c, &t[XM], N("attn.to_k"), &t[K]));
-    TRY(linear(c, &t[XM], N("attn.to_v"), &t[V]));
-    TRY(linear(c, &t[CM], N("attn.add_q_proj"), &t[CQ]));
-    TRY(linear(c, &t[CM], N("attn.add_k_proj"), &t[CK]));
-    TRY(linear(c, &t[CM], N("attn.add_v_proj"), &t[CV]));
-    TRY(qk_norm(c, &t[Q], N("attn.norm_q"), &t[NQ]));
-    TRY(qk_norm(c, &t[K], N("attn.norm_k"), &t[NK]));
-    TRY(qk_norm(c, &t[CQ], N("attn.norm_added_q"), &t[NCQ]));
-    TRY(qk_norm(c, &t[CK], N("attn.norm_added_k"), &t[NCK]));
+    TRY(linear(c, &t[XM], N("attn.to_q"), ST_IMG, &t[Q]));
+    TRY(linear(c, &t[XM], N("attn.to_k"), ST_IMG, &t[K]));
+    TRY(linear(c, &t[XM], N("attn.to_v"), ST_IMG, &t[V]));
+    TRY(linear(c, &t[CM], N("attn.add_q_proj"), ST_TXT, &t[CQ]));
+    TRY(linear(c, &t[CM], N("attn.add_k_proj"), ST_TXT, &t[CK]));
+    TRY(linear(c, &t[CM], N("attn.add_v_proj"), ST_TXT, &t[CV]));
+    TRY(qk_norm(c, &t[Q], N("attn.norm_q"), ST_IMG, &t[NQ]));
+    TRY(qk_norm(c, &t[K], N("attn.norm_k"), ST_IMG, &t[NK]));
+    TRY(qk_norm(c, &t[CQ], N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
+    TRY(qk_norm(c, &t[CK], N("attn.norm_added_k"), ST_TXT, &t[NCK]));
     /* gotcha 4: joint sequence is text first; RoPE after the QK norm, on q and k only (gotcha 6) */
     TRY(cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
     TRY(cat_seq(c, &t[NCK], &t[NK], &t[JK]));
@@ -426,32 +520,32 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     TRY(sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
     TRY(slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
     TRY(slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
-    TRY(linear(c, &t[OX], N("attn.to_out.0"), &t[AX]));
-    TRY(REC(&t[AX], "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
-    TRY(linear(c, &t[OC], N("attn.to_add_out"), &t[AC]));
-    TRY(REC(&t[AX], "%s.attn#0", p)); /* gotcha 5: attn returns (image, text) */
-    TRY(REC(&t[AC], "%s.attn#1", p));
+    TRY(linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, &t[AX]));
+    TRY(REC(&t[AX], ST_IMG, c->D, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
+    TRY(linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, &t[AC]));
+    TRY(REC(&t[AX], ST_IMG, c->D, "%s.attn#0", p)); /* gotcha 5: attn returns (image, text) */
+    TRY(REC(&t[AC], ST_TXT, c->D, "%s.attn#1", p));
 
     /* image stream: gated attention residual, then the MLP reads the updated x (gotcha 12) */
     c->be->gated_add(x, &mod[2], &t[AX]);
     TRY(layernorm(c, x, &t[LN2]));
-    TRY(REC(&t[LN2], "%s.norm2", p));
+    TRY(REC(&t[LN2], ST_IMG, 0, "%s.norm2", p));
     TRY(fs_tensor_alloc(&t[M2], c->dt, x->ndim, x->shape, c->e));
     c->be->modulate(&t[M2], &t[LN2], &mod[4], &mod[3]);
-    TRY(feed_forward(c, &t[M2], N("ff"), &t[FF]));
+    TRY(feed_forward(c, &t[M2], N("ff"), ST_IMG, &t[FF]));
     c->be->gated_add(x, &mod[5], &t[FF]);
 
     /* text stream, same with the context weights */
     c->be->gated_add(cx, &cmod[2], &t[AC]);
     TRY(layernorm(c, cx, &t[LN2C]));
-    TRY(REC(&t[LN2C], "%s.norm2_context", p));
+    TRY(REC(&t[LN2C], ST_TXT, 0, "%s.norm2_context", p));
     TRY(fs_tensor_alloc(&t[M2C], c->dt, cx->ndim, cx->shape, c->e));
     c->be->modulate(&t[M2C], &t[LN2C], &cmod[4], &cmod[3]);
-    TRY(feed_forward(c, &t[M2C], N("ff_context"), &t[FFC]));
+    TRY(feed_forward(c, &t[M2C], N("ff_context"), ST_TXT, &t[FFC]));
     c->be->gated_add(cx, &cmod[5], &t[FFC]);
 
-    TRY(REC(cx, "%s#0", p)); /* gotcha 5: the block returns (text, image) */
-    TRY(REC(x, "%s#1", p));
+    TRY(REC(cx, ST_TXT, 0, "%s#0", p)); /* gotcha 5: the block returns (text, image) */
+    TRY(REC(x, ST_IMG, 0, "%s#1", p));
 #undef N
 out:
     free_all(t, NT);
@@ -469,35 +563,37 @@ static int single_block(ctx *c, int i, fs_tensor *h, const fs_tensor *temb, cons
     fs_tensor t[NT] = {0}, mod[3] = {0};
     char p[64], nm[160];
     int rc;
-    const int64_t B = h->shape[0], S = h->shape[1], D = c->D, F = 4 * (int64_t)c->D;
+    const int64_t B = h->shape[0], S = h->shape[1], F = fs_config_mlp_hidden(&c->m->cfg);
     snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
 #define N(suffix) fmt_name(nm, sizeof nm, "%s." suffix, p)
 
-    TRY(ada_layer_norm_zero(c, N("norm"), h, temb, 3, &t[HM], mod));
-    TRY(linear(c, &t[HM], N("proj_mlp"), &t[MLP]));
-    TRY(activation(c, c->be->gelu_tanh, &t[MLP], &t[ACT], "%s.act_mlp", p));
-    TRY(linear(c, &t[HM], N("attn.to_q"), &t[Q]));
-    TRY(linear(c, &t[HM], N("attn.to_k"), &t[K]));
-    TRY(linear(c, &t[HM], N("attn.to_v"), &t[V]));
-    TRY(qk_norm(c, &t[Q], N("attn.norm_q"), &t[NQ]));
-    TRY(qk_norm(c, &t[K], N("attn.norm_k"), &t[NK]));
+    TRY(ada_layer_norm_zero(c, N("norm"), h, ST_JOINT, temb, 3, &t[HM], mod));
+    TRY(linear(c, &t[HM], N("proj_mlp"), ST_JOINT, &t[MLP]));
+    TRY(activation(c, c->be->gelu_tanh, &t[MLP], &t[ACT], ST_JOINT, F, "%s.act_mlp", p));
+    TRY(linear(c, &t[HM], N("attn.to_q"), ST_JOINT, &t[Q]));
+    TRY(linear(c, &t[HM], N("attn.to_k"), ST_JOINT, &t[K]));
+    TRY(linear(c, &t[HM], N("attn.to_v"), ST_JOINT, &t[V]));
+    TRY(qk_norm(c, &t[Q], N("attn.norm_q"), ST_JOINT, &t[NQ]));
+    TRY(qk_norm(c, &t[K], N("attn.norm_k"), ST_JOINT, &t[NK]));
     rope_inplace(c, &t[NQ], cos_t, sin_t);
     rope_inplace(c, &t[NK], cos_t, sin_t);
     TRY(sdpa(c, &t[NQ], &t[NK], &t[V], &t[A]));
-    TRY(REC(&t[A], "%s.attn", p)); /* no output projection in single blocks (gotcha 11) */
+    TRY(REC(&t[A], ST_JOINT, c->D, "%s.attn", p)); /* no output projection in single blocks (gotcha 11) */
 
-    /* proj_out on cat([attn, mlp], dim=2): attention columns first */
-    TRY(alloc3(c, &t[CAT], B, S, D + F));
-    c->be->copy2d(c->dt, t[CAT].data, D + F, t[A].data, D, B * S, D);
-    c->be->copy2d(c->dt, (char *)t[CAT].data + (size_t)D * fs_dtype_size(c->dt), D + F, t[ACT].data, F, B * S, F);
-    TRY(linear(c, &t[CAT], N("proj_out"), &t[PO]));
+    /* proj_out on cat([attn, mlp], dim=2): attention columns first. Under TP this is the rank's
+     * [attn_shard | mlp_shard], which is why proj_out is packed_rowwise in the plan. */
+    const int64_t Da = t[A].shape[2], Fa = t[ACT].shape[2];
+    TRY(alloc3(c, &t[CAT], B, S, Da + Fa));
+    c->be->copy2d(c->dt, t[CAT].data, Da + Fa, t[A].data, Da, B * S, Da);
+    c->be->copy2d(c->dt, (char *)t[CAT].data + (size_t)Da * fs_dtype_size(c->dt), Da + Fa, t[ACT].data, Fa, B * S, Fa);
+    TRY(linear(c, &t[CAT], N("proj_out"), ST_JOINT, &t[PO]));
     c->be->gated_add(h, &mod[2], &t[PO]);
 
     if (c->m->rec.fn) { /* the block returns (text, image) slices of h */
         TRY(slice_seq(c, h, 0, c->S_txt, &t[HT]));
         TRY(slice_seq(c, h, c->S_txt, c->S_img, &t[HX]));
-        TRY(REC(&t[HT], "%s#0", p));
-        TRY(REC(&t[HX], "%s#1", p));
+        TRY(REC(&t[HT], ST_TXT, 0, "%s#0", p));
+        TRY(REC(&t[HX], ST_IMG, 0, "%s#1", p));
     }
 #undef N
 out:
@@ -512,14 +608,14 @@ static int norm_out(ctx *c, const fs_tensor *x, const fs_tensor *temb, fs_tensor
 {
     fs_tensor s = {0}, lin = {0}, ln = {0}, mod[2] = {0};
     int rc;
-    TRY(activation(c, c->be->silu, temb, &s, "norm_out.silu"));
-    TRY(linear(c, &s, "norm_out.linear", &lin));
+    TRY(activation(c, c->be->silu, temb, &s, ST_REP, 0, "norm_out.silu"));
+    TRY(linear(c, &s, "norm_out.linear", ST_REP, &lin));
     TRY(chunk(c, &lin, 2, mod));
     TRY(layernorm(c, x, &ln));
-    TRY(REC(&ln, "norm_out.norm"));
+    TRY(REC(&ln, ST_IMG, 0, "norm_out.norm"));
     TRY(fs_tensor_alloc(y, c->dt, x->ndim, x->shape, c->e));
     c->be->modulate(y, &ln, &mod[0], &mod[1]);
-    TRY(REC(y, "norm_out"));
+    TRY(REC(y, ST_IMG, 0, "norm_out"));
 out:
     fs_tensor_free(&s);
     fs_tensor_free(&lin);
@@ -535,7 +631,9 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
                      const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e)
 {
     const fs_config *cf = &m->cfg;
-    ctx cc = {.m = m, .be = m->be, .dt = m->dtype, .e = e}, *c = &cc;
+    ctx cc = {.m = m, .par = m->par, .be = m->be, .dt = m->dtype, .tp = m->par ? m->par->tp : 1,
+              .tp_rank = m->par ? m->par->tp_rank : 0, .e = e},
+        *c = &cc;
     c->B = (int)hidden_states->shape[0];
     c->S_img = (int)hidden_states->shape[1];
     c->S_txt = (int)encoder_hidden_states->shape[1];
@@ -551,17 +649,17 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     int rc;
     memset(out, 0, sizeof *out);
 
-    TRY(linear(c, hidden_states, "x_embedder", &t[X]));
+    TRY(linear(c, hidden_states, "x_embedder", ST_IMG, &t[X]));
     TRY(time_text_embed(c, timestep, cf->guidance_embeds ? guidance : NULL, pooled, &t[TEMB]));
-    TRY(linear(c, encoder_hidden_states, "context_embedder", &t[CX]));
+    TRY(linear(c, encoder_hidden_states, "context_embedder", ST_TXT, &t[CX]));
 
     /* ids = cat(txt_ids, img_ids): text first (gotcha 4); tables are [S, Dh], no batch */
     TRY(fs_tensor_alloc2(&t[IDS], FS_F64, c->S, 3, e));
     memcpy(t[IDS].data, txt_ids->data, (size_t)c->S_txt * 3 * sizeof(double));
     memcpy((double *)t[IDS].data + (size_t)c->S_txt * 3, img_ids->data, (size_t)c->S_img * 3 * sizeof(double));
     TRY(fs_pos_embed(c->dt, cf, &t[IDS], &t[COS], &t[SIN], e));
-    TRY(REC(&t[COS], "pos_embed#0"));
-    TRY(REC(&t[SIN], "pos_embed#1"));
+    TRY(rec_sharded(c, &t[COS], ST_JOINT, 0, -1, 0, "pos_embed#0"));
+    TRY(rec_sharded(c, &t[SIN], ST_JOINT, 0, -1, 0, "pos_embed#1"));
 
     for (int i = 0; i < cf->num_layers; i++) TRY(double_block(c, i, &t[X], &t[CX], &t[TEMB], &t[COS], &t[SIN]));
 
@@ -571,7 +669,7 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     TRY(slice_seq(c, &t[H], c->S_txt, c->S_img, &t[X]));
 
     TRY(norm_out(c, &t[X], &t[TEMB], &t[Y]));
-    TRY(linear(c, &t[Y], "proj_out", out));
+    TRY(linear(c, &t[Y], "proj_out", ST_IMG, out));
 out:
     free_all(t, NT);
     if (rc) fs_tensor_free(out);

@@ -8,6 +8,7 @@
 #define FS_MODEL_H
 
 #include "fs_backend.h"
+#include "fs_par.h"
 #include "fs_record.h"
 #include "fs_weights.h"
 
@@ -17,13 +18,16 @@ typedef struct fs_model {
     const fs_weights *w;
     fs_backend *be;
     fs_recorder rec;  /* fn == NULL: record nothing */
+    const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
+                          rank's tokens (see fs_par.h) and TP follows par->plan. */
 } fs_model;
 
 /* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],
  * pooled [B,pooled] in the run dtype; timestep[B] exactly as FluxPipeline passes it (σ-like,
  * already divided by 1000); guidance[B] (e.g. 3.5) or NULL when the config has no guidance
  * embedder; img_ids [S_img,3], txt_ids [S_txt,3] float64. `out` is allocated here:
- * [B, S_img, out_width]. */
+ * [B, S_img, out_width]. With m->par, S_img and S_txt are this rank's local token counts and the
+ * ids its tokens' global ids. */
 int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
                      const fs_tensor *pooled, const double *timestep, const double *guidance,
                      const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);

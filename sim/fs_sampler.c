@@ -122,18 +122,81 @@ static void euler_update(fs_tensor *lat, const fs_tensor *v, double sigma, doubl
     }
 }
 
+/* This rank's tokens of a [B, S, W] tensor: rows [lo, hi) of every batch. */
+static int slice_tokens(const fs_tensor *x, int64_t lo, int64_t hi, fs_tensor *y, fs_err *e)
+{
+    int64_t shape[FS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    const int tokdim = x->ndim == 2 ? 0 : 1; /* ids are [S, 3], activations [B, S, W] */
+    shape[tokdim] = hi - lo;
+    int rc = fs_tensor_alloc(y, x->dtype, x->ndim, shape, e);
+    if (rc) return rc;
+    const int64_t B = tokdim ? x->shape[0] : 1, S = x->shape[tokdim], W = fs_tensor_numel(x) / (B * (S ? S : 1));
+    const size_t es = fs_dtype_size(x->dtype);
+    for (int64_t b = 0; b < B; b++)
+        memcpy((char *)y->data + (size_t)(b * (hi - lo) * W) * es, (const char *)x->data + (size_t)((b * S + lo) * W) * es,
+               (size_t)((hi - lo) * W) * es);
+    return FS_OK;
+}
+
+/* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
+static int gather_image_tokens(const fs_par *p, const fs_tensor *local, fs_tensor *global, fs_err *e)
+{
+    const int64_t B = local->shape[0], C = local->shape[2];
+    int64_t shape[3] = {B, p->S_img, C};
+    int rc = fs_tensor_alloc(global, local->dtype, 3, shape, e);
+    if (rc) return rc;
+    int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *dsp = cnt + p->sp, off = 0;
+    for (int q = 0; q < p->sp; q++) {
+        cnt[q] = B * fs_par_img_n(p, q) * C;
+        dsp[q] = off;
+        off += cnt[q];
+    }
+    fs_tensor tmp;
+    if ((rc = fs_tensor_alloc(&tmp, local->dtype, 3, shape, e))) {
+        free(cnt);
+        return rc;
+    }
+    fs_allgatherv(&p->g_sp, local->dtype, local->data, fs_tensor_numel(local), tmp.data, cnt, dsp);
+    const size_t es = fs_dtype_size(local->dtype);
+    for (int q = 0; q < p->sp; q++) /* block q is [B, n_q, C]: put batch b's rows at img_lo[q] */
+        for (int64_t b = 0; b < B; b++)
+            memcpy((char *)global->data + (size_t)((b * p->S_img + p->img_lo[q]) * C) * es,
+                   (char *)tmp.data + (size_t)(dsp[q] + b * fs_par_img_n(p, q) * C) * es,
+                   (size_t)(fs_par_img_n(p, q) * C) * es);
+    fs_tensor_free(&tmp);
+    free(cnt);
+    return FS_OK;
+}
+
 int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e)
 {
     static const fs_step_hooks none = {0};
     if (!hooks) hooks = &none;
-    const fs_tensor *hs = &in->hidden_states;
-    int rc = fs_tensor_alloc(latents, m->dtype, hs->ndim, hs->shape, e);
-    if (rc) return rc;
-    if ((rc = fs_tensor_copy(latents, hs, e))) goto fail;
-    double *ts = malloc(sizeof(double) * (size_t)in->B);
-    if (!ts) {
+    const fs_par *p = m->par;
+    const int split = p && p->sp > 1;
+    fs_tensor lat = {0}, ehs = {0}, iid = {0}, tid = {0};
+    double *ts = NULL;
+    int rc;
+    memset(latents, 0, sizeof *latents);
+    fs_shard img_shard = {0};
+    if (split) { /* this rank's tokens; ids stay global positions (RoPE needs them) */
+        const int q = p->sp_rank;
+        if ((rc = slice_tokens(&in->hidden_states, p->img_lo[q], p->img_hi[q], &lat, e)) ||
+            (rc = slice_tokens(&in->encoder_hidden_states, p->txt_lo[q], p->txt_hi[q], &ehs, e)) ||
+            (rc = slice_tokens(&in->img_ids, p->img_lo[q], p->img_hi[q], &iid, e)) ||
+            (rc = slice_tokens(&in->txt_ids, p->txt_lo[q], p->txt_hi[q], &tid, e)))
+            goto out;
+        img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{p->img_lo[q], p->img_hi[q]}}}}};
+    } else {
+        const fs_tensor *hs = &in->hidden_states;
+        if ((rc = fs_tensor_alloc(&lat, m->dtype, hs->ndim, hs->shape, e)) || (rc = fs_tensor_copy(&lat, hs, e))) goto out;
+    }
+    const fs_tensor *E = split ? &ehs : &in->encoder_hidden_states, *I = split ? &iid : &in->img_ids,
+                    *Tt = split ? &tid : &in->txt_ids;
+    if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
-        goto fail;
+        goto out;
     }
     for (int i = 0; i < in->n_steps; i++) {
         const double sigma = ((double *)in->sigmas.data)[i], sigma_next = ((double *)in->sigmas.data)[i + 1];
@@ -141,21 +204,66 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         for (int b = 0; b < in->B; b++) ts[b] = t; /* timestep.expand(B) */
         fs_tensor v = {0};
         if (hooks->begin_step && (rc = hooks->begin_step(hooks->ctx, i, t, sigma, sigma_next, e))) break;
-        if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_in", latents, e))) break;
-        rc = fs_model_forward(m, latents, &in->encoder_hidden_states, &in->pooled_projections, ts,
-                              in->has_guidance ? in->guidance.data : NULL, &in->img_ids, &in->txt_ids, &v, e);
+        if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_in", &lat, &img_shard, e))) break;
+        rc = fs_model_forward(m, &lat, E, &in->pooled_projections, ts, in->has_guidance ? in->guidance.data : NULL, I, Tt,
+                              &v, e);
         if (rc) {
             fs_err_prefix(e, "step %d: ", i);
             break;
         }
-        euler_update(latents, &v, sigma, sigma_next);
+        euler_update(&lat, &v, sigma, sigma_next);
         fs_tensor_free(&v);
-        if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_out", latents, e))) break;
+        if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_out", &lat, &img_shard, e))) break;
         if (hooks->end_step && (rc = hooks->end_step(hooks->ctx, i, e))) break;
     }
+    if (!rc) {
+        if (split) rc = gather_image_tokens(p, &lat, latents, e);
+        else {
+            *latents = lat;
+            lat = (fs_tensor){0};
+        }
+    }
+out:
     free(ts);
-    if (!rc) return FS_OK;
-fail:
-    fs_tensor_free(latents);
+    fs_tensor_free(&lat);
+    fs_tensor_free(&ehs);
+    fs_tensor_free(&iid);
+    fs_tensor_free(&tid);
     return rc;
+}
+
+static void bcast_tensor(const fs_group *g, int root, fs_tensor *t) { fs_bcast(g, root, t->data, fs_tensor_nbytes(t)); }
+
+int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt, fs_err *e)
+{
+    if (g->size == 1) return FS_OK;
+    int hdr[5] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance};
+    fs_bcast(g, root, hdr, sizeof hdr);
+    if (g->rank != root) {
+        memset(in, 0, sizeof *in);
+        in->B = hdr[0];
+        in->S_img = hdr[1];
+        in->S_txt = hdr[2];
+        in->n_steps = hdr[3];
+        in->has_guidance = hdr[4];
+        int rc;
+        if ((rc = fs_tensor_alloc3(&in->hidden_states, dt, in->B, in->S_img, c->in_channels, e)) ||
+            (rc = fs_tensor_alloc3(&in->encoder_hidden_states, dt, in->B, in->S_txt, c->joint_attention_dim, e)) ||
+            (rc = fs_tensor_alloc2(&in->pooled_projections, dt, in->B, c->pooled_projection_dim, e)) ||
+            (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, in->S_img, 3, e)) ||
+            (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, in->S_txt, 3, e)) ||
+            (rc = fs_tensor_alloc(&in->sigmas, FS_F64, 1, (int64_t[]){in->n_steps + 1}, e)) ||
+            (rc = fs_tensor_alloc(&in->timesteps, FS_F64, 1, (int64_t[]){in->n_steps}, e)) ||
+            (in->has_guidance && (rc = fs_tensor_alloc(&in->guidance, FS_F64, 1, (int64_t[]){in->B}, e))))
+            fs_comm_abort(FS_E_NOMEM); /* the root is already inside the broadcasts */
+    }
+    bcast_tensor(g, root, &in->hidden_states);
+    bcast_tensor(g, root, &in->encoder_hidden_states);
+    bcast_tensor(g, root, &in->pooled_projections);
+    bcast_tensor(g, root, &in->img_ids);
+    bcast_tensor(g, root, &in->txt_ids);
+    bcast_tensor(g, root, &in->sigmas);
+    bcast_tensor(g, root, &in->timesteps);
+    if (in->has_guidance) bcast_tensor(g, root, &in->guidance);
+    return FS_OK;
 }

@@ -7,6 +7,7 @@
 #define FS_SAMPLER_H
 
 #include "fs_inputs.h"
+#include "fs_comm.h"
 #include "fs_model.h"
 
 typedef struct fs_sched_config {
@@ -47,7 +48,13 @@ typedef struct fs_step_hooks {
 /* The denoising loop: for i in 0..N-1, v = transformer(latents, t_i); latents += (σ_{i+1} − σ_i)·v,
  * in the run dtype (the float32 Euler update of scheduler.step for fp32 runs). Records
  * `latents_in` before and `latents_out` after each forward through m->rec. `latents` is
- * allocated here and holds the final latents. */
+ * allocated here and holds the final latents, global (gathered over the SP group when m->par
+ * splits the sequence: each rank denoises only its image tokens). */
 int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e);
+
+/* Setup like the GPU scripts: rank `root` of g holds the inputs (generated or read from a dump),
+ * every other rank receives them in place (shapes first, then every tensor, into buffers it
+ * allocated itself — never into a temporary). */
+int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt, fs_err *e);
 
 #endif

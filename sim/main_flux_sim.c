@@ -1,7 +1,9 @@
-/* flux-sim — run the FLUX.1 transformer on the CPU, dump every module's output (flux-dump v1).
+/* flux-sim — run the FLUX.1 transformer on the CPU across MPI ranks with the GPU paths' sharding,
+ * dump every module's output (flux-dump v1), and --check a layout against the single-rank run.
  *
- * Exit codes: 0 success, 2 usage or input error (one line on stderr naming file, tensor and
- * cause; no output file left behind). */
+ * Exit codes, the same on every rank: 0 success (and --check agrees), 1 --check found a
+ * divergence, 2 usage or input error (one line on stderr naming file, tensor and cause; no
+ * output file left behind). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,7 +11,12 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
+#include "fs_check.h"
+#include "fs_comm.h"
 #include "fs_dump.h"
+#include "fs_gather.h"
 #include "fs_model.h"
 #include "fs_sampler.h"
 
@@ -43,6 +50,19 @@ static void usage(FILE *f)
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"
+            "Parallel layout (run under mpirun; tp x ulysses x ring = number of ranks):\n"
+            "  --tp T                tensor parallel degree (Megatron-style, by the TP plan)\n"
+            "  --ulysses U           Ulysses sequence parallel degree (all-to-all over heads)\n"
+            "  --ring R              ring attention degree (K/V rotate, LSE merge)\n"
+            "  --ring-rotate M       allgather (as diffusers) or p2p (Isend/Irecv overlapped) [allgather]\n"
+            "                        [default layout: tp = ranks if the heads divide, else ulysses, else ring]\n"
+            "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
+            "  --print-plan          print the built-in FLUX TP plan (a starting point for --plan) and exit\n"
+            "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
+            "                        same weights and inputs (computed in this job, or a saved single-rank\n"
+            "                        dump); stop at the first divergence and say where and which ranks\n"
+            "  --rtol X, --rtol-max X  --check tolerances (relative L2; max|d|/max|ref|) [by precision]\n"
+            "\n"
             "Output:\n"
             "  --dump OUT.h5         write every module output of every step (flux-dump v1)\n"
             "  --dump-compress L     shuffle+deflate level 0-9 for the dump [0: none; 1 saves ~20%% of disk\n"
@@ -51,12 +71,15 @@ static void usage(FILE *f)
             "  -q, --quiet           print nothing but errors\n"
             "  -h, --help            this help;  -V, --version\n"
             "\n"
-            "Exit status: 0 success, 2 usage or input error.\n"
+            "Exit status (same on every rank): 0 success / --check agrees, 1 --check diverged, 2 usage or\n"
+            "input error.\n"
             "Docs: README.md, docs/dump-format.md.\n");
 }
 
 typedef struct opts {
-    const char *config, *weights, *inputs, *dump, *precision, *scheduler;
+    const char *config, *weights, *inputs, *dump, *precision, *scheduler, *plan, *check_ref, *rotate;
+    int tp, ulysses, ring, check;
+    double rtol, rtol_max;
     uint64_t weights_seed;
     fs_gen_params gen;
     int threads, quiet, compress;
@@ -85,7 +108,8 @@ static int parse_int(const char *s, const char *opt, int lo, int *out, fs_err *e
 static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
-           O_SCHED, O_DUMP, O_THREADS, O_COMPRESS };
+           O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
+           O_RTOLMAX };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -95,6 +119,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"guidance", required_argument, 0, O_GUID},   {"scheduler", required_argument, 0, O_SCHED},
         {"dump", required_argument, 0, O_DUMP},       {"threads", required_argument, 0, O_THREADS},
         {"dump-compress", required_argument, 0, O_COMPRESS},
+        {"tp", required_argument, 0, O_TP},           {"ulysses", required_argument, 0, O_ULY},
+        {"ring", required_argument, 0, O_RING},       {"ring-rotate", required_argument, 0, O_ROT},
+        {"plan", required_argument, 0, O_PLAN},       {"print-plan", no_argument, 0, O_PPLAN},
+        {"check", optional_argument, 0, O_CHECK},     {"rtol", required_argument, 0, O_RTOL},
+        {"rtol-max", required_argument, 0, O_RTOLMAX},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -135,6 +164,32 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             rc = parse_int(optarg, "--dump-compress", 0, &o->compress, e);
             if (!rc && o->compress > 9) rc = fs_errf(e, FS_E_INPUT, "--dump-compress: %d is not a level 0-9", o->compress);
             break;
+        case O_TP: rc = parse_int(optarg, "--tp", 1, &o->tp, e); break;
+        case O_ULY: rc = parse_int(optarg, "--ulysses", 1, &o->ulysses, e); break;
+        case O_RING: rc = parse_int(optarg, "--ring", 1, &o->ring, e); break;
+        case O_ROT:
+            o->rotate = optarg;
+            if (strcmp(optarg, "allgather") && strcmp(optarg, "p2p"))
+                rc = fs_errf(e, FS_E_INPUT, "--ring-rotate: '%s' is not allgather or p2p", optarg);
+            break;
+        case O_PLAN: o->plan = optarg; break;
+        case O_PPLAN: fputs(fs_plan_default_text(), stdout); return -1;
+        case O_CHECK:
+            o->check = 1;
+            o->check_ref = optarg;
+            if (optarg && !*optarg) rc = fs_errf(e, FS_E_INPUT, "--check=: empty reference path");
+            break;
+        case O_RTOL:
+        case O_RTOLMAX: {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (!*optarg || *end || !(v > 0))
+                rc = fs_errf(e, FS_E_INPUT, "%s: '%s' is not a positive number", ch == O_RTOL ? "--rtol" : "--rtol-max",
+                             optarg);
+            if (ch == O_RTOL) o->rtol = v;
+            else o->rtol_max = v;
+            break;
+        }
         case 'q': o->quiet = 1; break;
         case 'h': usage(stdout); return -1;
         case 'V': printf("flux-sim %s\n", FLUX_SIM_VERSION); return -1;
@@ -152,12 +207,90 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     return FS_OK;
 }
 
-/* Glue between the sampler's step hooks and the dump writer. */
-static int dump_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
+/* ---- recording consumers: the dump (global layout), --check, or both ---- */
+
+typedef struct sink {
+    fs_dump *dump;        /* rank 0 only */
+    fs_check *check;
+    const fs_par *par;
+    int gather;           /* parallel run: gather every tensor to rank 0 before dumping */
+    cJSON *sharding;      /* name -> distribution, for the `parallel` attribute (first step) */
+    int step;
+} sink;
+
+static int sink_begin(void *ctx, int step, double t, double sg, double sn, fs_err *e)
 {
-    return fs_dump_begin_step(ctx, step, t, s, sn, e);
+    sink *k = ctx;
+    k->step = step;
+    int rc = FS_OK;
+    if (k->check) {
+        fs_step_hooks h = fs_check_hooks(k->check);
+        rc = h.begin_step(h.ctx, step, t, sg, sn, e);
+    }
+    if (!rc && k->dump) rc = fs_dump_begin_step(k->dump, step, t, sg, sn, e);
+    return rc;
 }
-static int dump_end(void *ctx, int step, fs_err *e) { return fs_dump_end_step(ctx, e); }
+
+static int sink_end(void *ctx, int step, fs_err *e)
+{
+    sink *k = ctx;
+    return k->dump ? fs_dump_end_step(k->dump, e) : FS_OK;
+}
+
+/* flux-dump `sharding` entry of one dataset from every rank's piece. */
+static cJSON *sharding_json(const fs_gathered *g)
+{
+    const fs_piece *p0 = &g->pieces[0];
+    if (p0->sh.ndims == 0) return cJSON_CreateString("replicated");
+    cJSON *dims = cJSON_CreateArray();
+    for (int k = 0; k < p0->sh.ndims; k++) {
+        cJSON *o = cJSON_CreateObject(), *ranges = cJSON_CreateArray();
+        cJSON_AddNumberToObject(o, "dim", p0->sh.d[k].dim);
+        for (int r = 0; r < g->world; r++) {
+            cJSON *rr = cJSON_CreateArray();
+            const fs_shard_dim *d = &g->pieces[r].sh.d[k];
+            for (int i = 0; i < d->n; i++) {
+                double iv[2] = {(double)d->iv[i][0], (double)d->iv[i][1]};
+                cJSON_AddItemToArray(rr, cJSON_CreateDoubleArray(iv, 2));
+            }
+            cJSON_AddItemToArray(ranges, rr);
+        }
+        cJSON_AddItemToObject(o, "ranges", ranges);
+        cJSON_AddItemToArray(dims, o);
+    }
+    if (p0->sh.ndims == 1) {
+        cJSON *one = cJSON_DetachItemFromArray(dims, 0);
+        cJSON_Delete(dims);
+        return one;
+    }
+    cJSON *o = cJSON_CreateObject(); /* split on two axes: the flux-dump extension key "dims" */
+    cJSON_AddItemToObject(o, "dims", dims);
+    return o;
+}
+
+static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    sink *k = ctx;
+    int rc = FS_OK;
+    if (k->check) {
+        fs_recorder r = fs_check_recorder(k->check);
+        if ((rc = r.fn(r.ctx, name, t, sh, e))) return rc;
+    }
+    if (!k->gather) return k->dump ? fs_dump_record(k->dump, name, t, e) : FS_OK;
+    fs_gathered g;
+    rc = fs_gather_to_root(k->par->g_world, t, sh, &g, e);
+    if (!rc && k->dump) {
+        if (g.problem) rc = fs_errf(e, FS_E_INTERNAL, "%s: cannot assemble the global tensor: %s", name, g.detail);
+        else rc = fs_dump_record(k->dump, name, &g.global, e);
+        if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
+            cJSON_AddItemToObject(k->sharding, name, sharding_json(&g));
+    }
+    fs_gathered_free(&g);
+    /* a failed write on rank 0 must stop every rank at the same record */
+    fs_bcast(k->par->g_world, 0, &rc, sizeof rc);
+    if (rc && k->par->rank) fs_errf(e, rc, "rank 0 failed writing the dump");
+    return rc;
+}
 
 static double now(void)
 {
@@ -166,79 +299,155 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* All ranks agree on an error: the worst code wins; rank 0 reports it (its own message, or a
+ * note that another rank failed). */
+static int agree(const fs_group *w, int rc, fs_err *e)
+{
+    int all = fs_allreduce_max_int(w, rc);
+    if (all && !rc) fs_errf(e, all, "another rank failed (see its message)");
+    return all;
+}
+
+static int load_config(const char *name, fs_config *c, fs_err *e)
+{
+    return (strchr(name, '/') || strstr(name, ".json")) ? fs_config_from_file(c, name, e) : fs_config_preset(c, name, e);
+}
+
 static int run(const opts *o, fs_err *e)
 {
+    const fs_group *world = fs_comm_world();
+    const int root = world->rank == 0, quiet = o->quiet || !root;
     fs_dtype dt = strcmp(o->precision, "fp64") ? FS_F32 : FS_F64;
     fs_config cfg;
     fs_inputs in = {0};
     fs_weights w = {0};
     fs_dump *dump = NULL;
     fs_tensor lat = {0};
-    int rc;
+    fs_plan plan = {0};
+    fs_par par = {0};
+    fs_check *check = NULL;
+    sink sk = {0};
+    int rc = FS_OK;
+    memset(&cfg, 0, sizeof cfg);
 
-    /* 1. config and inputs */
-    if (o->inputs) {
-        if ((rc = fs_dump_read_inputs(o->inputs, dt, &cfg, &in, e))) goto out;
-        if (o->config) {
-            fs_config want;
-            if ((rc = (strchr(o->config, '/') || strstr(o->config, ".json")) ? fs_config_from_file(&want, o->config, e)
-                                                                               : fs_config_preset(&want, o->config, e)))
-                goto out;
-            if (memcmp(&want, &cfg, sizeof cfg)) {
-                rc = fs_errf(e, FS_E_INPUT, "--config %s differs from the config stored in %s", o->config, o->inputs);
-                goto out;
+    /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
+     *    setup: one source of truth, received into buffers every rank allocated itself) */
+    if (root) {
+        if (o->inputs) {
+            if (!(rc = fs_dump_read_inputs(o->inputs, dt, &cfg, &in, e)) && o->config) {
+                fs_config want;
+                if (!(rc = load_config(o->config, &want, e)) && memcmp(&want, &cfg, sizeof cfg))
+                    rc = fs_errf(e, FS_E_INPUT, "--config %s differs from the config stored in %s", o->config, o->inputs);
             }
+        } else if (!(rc = load_config(o->config ? o->config : "default", &cfg, e))) {
+            fs_gen_params g = o->gen;
+            rc = fs_sched_preset(&g.sched, o->scheduler ? o->scheduler : (cfg.guidance_embeds ? "dev" : "schnell"), e);
+            if (!rc) rc = fs_inputs_generate(&in, &cfg, dt, &g, e);
         }
-    } else {
-        const char *cn = o->config ? o->config : "default";
-        if ((rc = (strchr(cn, '/') || strstr(cn, ".json")) ? fs_config_from_file(&cfg, cn, e)
-                                                          : fs_config_preset(&cfg, cn, e)))
-            goto out;
-        fs_gen_params g = o->gen;
-        if ((rc = fs_sched_preset(&g.sched, o->scheduler ? o->scheduler : (cfg.guidance_embeds ? "dev" : "schnell"),
-                                  e)))
-            goto out;
-        if ((rc = fs_inputs_generate(&in, &cfg, dt, &g, e))) goto out;
     }
+    if ((rc = agree(world, rc, e))) goto out;
+    fs_bcast(world, 0, &cfg, sizeof cfg);
+    if ((rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, e))) goto out;
 
-    /* 2. the dump is created before any compute, so a bad path fails in milliseconds */
-    if (o->dump) {
-        char producer[256];
-        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s)", FLUX_SIM_VERSION, fs_dtype_name(dt));
-        if ((rc = fs_dump_create(&dump, o->dump, &cfg, dt, producer, e))) goto out;
-        if ((rc = fs_dump_set_deflate(dump, o->compress, e))) goto out;
-        if ((rc = fs_dump_write_inputs(dump, &in, e))) goto out;
-    }
+    /* 2. layout and plan */
+    int tp = o->tp, uly = o->ulysses, ring = o->ring;
+    if (!tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
+    tp = tp ? tp : 1;
+    uly = uly ? uly : 1;
+    ring = ring ? ring : 1;
+    rc = o->plan ? fs_plan_load(&plan, o->plan, e) : fs_plan_parse(&plan, fs_plan_default_text(), "built-in plan", e);
+    if (!rc)
+        rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
+                         o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
+    if (!rc) rc = fs_par_set_seq(&par, in.S_txt, in.S_img, e);
+    if ((rc = agree(world, rc, e))) goto out;
+    /* ranks sharing the cores: one thread each unless told otherwise */
+    fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
 
-    /* 3. weights */
+    /* 3. weights (every rank; mmap'd checkpoints are shared pages) */
     double t0 = now();
     rc = o->weights ? fs_weights_load(&w, &cfg, dt, o->weights, e) : fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e);
-    if (rc) goto out;
-    if (dump && (rc = fs_dump_set_attr_string(dump, "weights", w.source, e))) goto out;
+    if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
-    if (!o->quiet)
-        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s; weights: %s (%.2f s)\n"
-               "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n",
-               FLUX_SIM_VERSION, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads,
-               cfg.attention_head_dim, fs_dtype_name(dt), w.source, t_load, o->inputs ? o->inputs : "generated", in.B,
-               in.S_img, in.S_txt, in.n_steps);
-
-    /* 4. sample */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu()};
-    fs_backend_cpu_set_threads(o->threads);
-    if (dump) m.rec = fs_dump_recorder(dump);
-    fs_step_hooks hooks = {.begin_step = dump_begin, .end_step = dump_end, .ctx = dump};
-    t0 = now();
-    if ((rc = fs_sample(&m, &in, dump ? &hooks : NULL, &lat, e))) goto out;
-    double t_run = now() - t0;
-    if (dump) {
-        if ((rc = fs_dump_write_final(dump, &lat, e))) goto out;
-        rc = fs_dump_close(dump, e);
-        dump = NULL;
-        if (rc) goto out;
+    /* 4. the dump (rank 0 writes the global layout) is created before any compute */
+    if (root && o->dump) {
+        char producer[256];
+        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s)", FLUX_SIM_VERSION, fs_dtype_name(dt));
+        if (!(rc = fs_dump_create(&dump, o->dump, &cfg, dt, producer, e)) && !(rc = fs_dump_set_deflate(dump, o->compress, e)) &&
+            !(rc = fs_dump_write_inputs(dump, &in, e)))
+            rc = fs_dump_set_attr_string(dump, "weights", w.source, e);
     }
-    if (!o->quiet) {
+    if (o->check) {
+        fs_check_tol tol = fs_check_default_tol(dt);
+        if (o->rtol > 0) tol.rtol = o->rtol;
+        if (o->rtol_max > 0) tol.rtol_max = o->rtol_max;
+        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
+    }
+    if ((rc = agree(world, rc, e))) goto out;
+
+    char lay[128];
+    fs_par_describe(&par, lay, sizeof lay);
+    if (!quiet)
+        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s; weights: %s (%.2f s)\n"
+               "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n"
+               "  layout: %d rank%s, %s%s%s\n",
+               FLUX_SIM_VERSION, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
+               fs_dtype_name(dt), w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img, in.S_txt,
+               in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
+               tp > 1 ? plan.source : "");
+
+    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs */
+    if (check && !o->check_ref && root) {
+        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .rec = fs_check_ref_recorder(check)};
+        fs_step_hooks h = fs_check_ref_hooks(check);
+        fs_tensor rl = {0};
+        t0 = now();
+        rc = fs_sample(&ref, &in, &h, &rl, e);
+        fs_tensor_free(&rl);
+        if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
+    }
+    if ((rc = agree(world, rc, e))) goto out;
+
+    /* 6. the run in this layout */
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .par = &par};
+    sk = (sink){.dump = dump, .check = check, .par = &par, .gather = world->size > 1, .sharding = cJSON_CreateObject()};
+    if (dump || check) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
+    fs_step_hooks hooks = {.begin_step = sink_begin, .end_step = sink_end, .ctx = &sk};
+    t0 = now();
+    rc = fs_sample(&m, &in, &hooks, &lat, e);
+    double t_run = now() - t0;
+    if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
+    /* an error inside the forward (not a divergence) may have hit one rank only, in the middle of
+     * a collective sequence: agreeing would hang, so the failing rank ends the job */
+    if (rc && world->size > 1) {
+        fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
+        fs_comm_abort(2);
+    }
+    if (rc) goto out;
+    if (dump) {
+        if (world->size > 1) {
+            cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
+            cJSON_AddNumberToObject(pj, "world", world->size);
+            cJSON_AddNumberToObject(mesh, "tp", tp);
+            cJSON_AddNumberToObject(mesh, "ulysses", uly);
+            cJSON_AddNumberToObject(mesh, "ring", ring);
+            cJSON_AddItemToObject(pj, "mesh", mesh);
+            cJSON_AddStringToObject(pj, "ring_rotate", par.rotate == FS_RING_P2P ? "p2p" : "allgather");
+            cJSON_AddStringToObject(pj, "tp_plan", plan.source);
+            cJSON_AddItemToObject(pj, "sharding", sk.sharding);
+            sk.sharding = NULL;
+            char *js = cJSON_PrintUnformatted(pj);
+            rc = fs_dump_set_attr_string(dump, "parallel", js, e);
+            free(js);
+            cJSON_Delete(pj);
+        }
+        if (!rc) rc = fs_dump_write_final(dump, &lat, e);
+        if (!rc) rc = fs_dump_close(dump, e);
+        dump = NULL;
+    }
+    if ((rc = agree(world, rc, e))) goto out;
+    if (!quiet) {
         double s = 0, s2 = 0;
         int64_t n = fs_tensor_numel(&lat), bad = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -252,10 +461,16 @@ static int run(const opts *o, fs_err *e)
         if (o->dump) printf("  dump: %s\n", o->dump);
     }
 out:
+    if (check && root && (rc == FS_OK || rc == FS_DIVERGED)) fputs(fs_check_report(check), rc ? stderr : stdout);
+    if (check && rc == FS_OK && fs_check_diverged(check)) rc = FS_DIVERGED;
     fs_dump_abort(dump);
+    cJSON_Delete(sk.sharding);
+    fs_check_free(check);
     fs_tensor_free(&lat);
     fs_weights_free(&w);
     fs_inputs_free(&in);
+    fs_par_free(&par);
+    fs_plan_free(&plan);
     return rc;
 }
 
@@ -263,12 +478,19 @@ int main(int argc, char **argv)
 {
     opts o;
     fs_err e = {0};
-    int rc = parse_args(argc, argv, &o, &e);
-    if (rc < 0) return 0; /* --help / --version */
-    if (!rc) rc = run(&o, &e);
+    int rc = fs_comm_init(&argc, &argv, &e);
     if (rc) {
         fprintf(stderr, "flux-sim: error: %s\n", e.msg);
         return 2;
     }
-    return 0;
+    const int root = fs_comm_world()->rank == 0;
+    rc = parse_args(argc, argv, &o, &e);
+    if (rc < 0) { /* --help / --version / --print-plan */
+        fs_comm_finalize();
+        return 0;
+    }
+    if (!rc) rc = run(&o, &e);
+    if (rc && rc != FS_DIVERGED && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
+    fs_comm_finalize();
+    return rc == FS_OK ? 0 : rc == FS_DIVERGED ? 1 : 2;
 }

@@ -72,7 +72,7 @@ static double rel_l2(checker *k, fo_file *f, const char *path, const fs_tensor *
     return st.rel_l2;
 }
 
-static int check_record(void *ctx, const char *name, const fs_tensor *t, fs_err *e)
+static int check_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
 {
     checker *k = ctx;
     char path[256];

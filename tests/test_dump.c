@@ -111,7 +111,7 @@ static void write_sample(const char *path, int with_inputs)
             fs_tensor t;
             make_tensor(&t, steps[s][k].dt, steps[s][k].ndim, steps[s][k].shape, 100 * s + k);
             /* half through the recorder, as the forward does, half directly */
-            int rc = k % 2 ? r.fn(r.ctx, steps[s][k].name, &t, &e) : fs_dump_record(d, steps[s][k].name, &t, &e);
+            int rc = k % 2 ? r.fn(r.ctx, steps[s][k].name, &t, NULL, &e) : fs_dump_record(d, steps[s][k].name, &t, &e);
             if (rc) fail_msg("%s", e.msg);
             fs_tensor_free(&t);
         }

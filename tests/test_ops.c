@@ -282,7 +282,7 @@ typedef struct grab {
     int n;
 } grab;
 
-static int grab_record(void *ctx, const char *name, const fs_tensor *t, fs_err *e)
+static int grab_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
 {
     grab *g = ctx;
     for (int i = 0; i < g->n; i++)

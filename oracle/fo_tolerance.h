@@ -1,0 +1,37 @@
+/* fo_tolerance.h — when two dumps of the same run "agree": the rules `flux-oracle diff` and the
+ * simulator's `--check` share. The numbers and the measurements behind them: docs/tolerances.md.
+ *
+ * A dataset passes iff no NaN/Inf stands where the other side has something else, and
+ *     max_abs <= atol                                   (absolute floor, for near-zero tensors)
+ *  OR rel_l2 <= rtol  AND  (mtol <= 0 OR max_rel <= mtol)
+ * where max_rel = max|a-b| / max|b|. rel_l2 measures the whole tensor and is what fp32 rounding
+ * noise is bounded by; max_rel catches the single wrong element that rel_l2 dilutes (one element
+ * off by 1e-3 in 8192 moves rel_l2 by ~1e-5, within fp32 noise). A literal {rtol, atol} (mtol 0)
+ * is exactly "rel_l2 <= rtol OR max_abs <= atol". */
+#ifndef FO_TOLERANCE_H
+#define FO_TOLERANCE_H
+
+#include "fo_metrics.h"
+
+typedef struct fo_tolerance {
+    double rtol; /* bound on rel_l2 = ||a-b|| / ||b|| */
+    double atol; /* max|a-b| at or below this passes whatever the relative errors */
+    double mtol; /* bound on max|a-b| / max|b|; <= 0 disables */
+} fo_tolerance;
+
+/* Defaults for a run computed in `dtype` ("float32", "float64", "bfloat16", "float16"); NULL or
+ * anything else gets the float32 numbers. */
+fo_tolerance fo_tolerance_default(const char *dtype);
+/* The looser of two (field by field): comparing a float32 run with a float64 one is judged by
+ * float32's rules. mtol: a disabled side wins (it is the loosest). */
+fo_tolerance fo_tolerance_looser(fo_tolerance a, fo_tolerance b);
+/* 1 = within tolerance (the rule above). */
+int fo_tolerance_pass(const fo_stats *s, fo_tolerance t);
+
+/* The arbiter rule (PyTorch's torch._dynamo accuracy check with an fp64 reference): candidate B
+ * passes where err(B, truth) <= m * err(A, truth) + eps, for rel_l2 with eps = rtol/10 and, when
+ * mtol > 0, for max_rel with eps = mtol/10. `sa` compares A with the truth, `sb` B with the
+ * truth. Non-finite mismatches in B that A does not share fail. */
+int fo_tolerance_pass_truth(const fo_stats *sa, const fo_stats *sb, double m, fo_tolerance t);
+
+#endif

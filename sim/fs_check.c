@@ -1,0 +1,278 @@
+#include "fs_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fo_dump.h"
+#include "fo_metrics.h"
+#include "fs_gather.h"
+
+typedef struct ref_entry {
+    int step;
+    char name[192];
+    fs_tensor t;
+} ref_entry;
+
+struct fs_check {
+    const fs_par *par;
+    fs_dtype dt;
+    fs_check_tol tol;
+    /* reference: in memory (rank 0) or a file */
+    ref_entry *ref;
+    int nref, capref, hint;
+    fo_file *ref_file;
+    fo_dataset ds;
+    double *buf;
+    size_t bufcap;
+    /* progress */
+    int ref_step, step;
+    int n_compared, n_missing, diverged;
+    double worst;
+    char worst_where[256];
+    char report[4096];
+};
+
+fs_check_tol fs_check_default_tol(fs_dtype dt)
+{
+    /* A layout only reorders sums (all-reduce of partials, blocked / merged softmax). Measured
+     * worst over the layout matrix of tests/parallel_check.sh (docs/parallel.md): fp32 rel L2
+     * 1e-6-ish, fp64 ~1e-15. The bounds leave ~10x margin; every injected bug we know is
+     * >= 1e-3 relative at its first divergent module. */
+    if (dt == FS_F64) return (fs_check_tol){.rtol = 1e-10, .rtol_max = 1e-9};
+    return (fs_check_tol){.rtol = 2e-5, .rtol_max = 2e-4};
+}
+
+int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol tol, const char *ref_path, fs_err *e)
+{
+    fs_check *ck = calloc(1, sizeof *ck);
+    if (!ck) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    ck->par = par;
+    ck->dt = dt;
+    ck->tol = tol;
+    ck->worst = 0;
+    if (ref_path && par->rank == 0) {
+        int rc = fo_file_open(&ck->ref_file, ref_path, e);
+        if (rc) {
+            free(ck);
+            return rc;
+        }
+    }
+    *out = ck;
+    return FS_OK;
+}
+
+void fs_check_free(fs_check *ck)
+{
+    if (!ck) return;
+    for (int i = 0; i < ck->nref; i++) fs_tensor_free(&ck->ref[i].t);
+    free(ck->ref);
+    fo_file_close(ck->ref_file);
+    fo_dataset_free(&ck->ds);
+    free(ck->buf);
+    free(ck);
+}
+
+/* ---------------------------------------------------------------- reference capture */
+
+static int ref_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
+{
+    ((fs_check *)ctx)->ref_step = step;
+    return FS_OK;
+}
+
+static int ref_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    fs_check *ck = ctx;
+    if (ck->nref == ck->capref) {
+        ck->capref = ck->capref ? 2 * ck->capref : 512;
+        ref_entry *n = realloc(ck->ref, (size_t)ck->capref * sizeof *n);
+        if (!n) return fs_errf(e, FS_E_NOMEM, "--check: out of memory storing the reference");
+        ck->ref = n;
+    }
+    ref_entry *r = &ck->ref[ck->nref];
+    r->step = ck->ref_step;
+    snprintf(r->name, sizeof r->name, "%s", name);
+    int rc = fs_tensor_alloc(&r->t, t->dtype, t->ndim, t->shape, e);
+    if (rc) return rc;
+    fs_tensor_copy(&r->t, t, e);
+    ck->nref++;
+    return FS_OK;
+}
+
+fs_recorder fs_check_ref_recorder(fs_check *ck) { return (fs_recorder){.fn = ref_record, .ctx = ck}; }
+fs_step_hooks fs_check_ref_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = ref_begin, .ctx = ck}; }
+
+/* The reference tensor (step, name) as doubles with its shape; 0 if the reference lacks it. */
+static int ref_lookup(fs_check *ck, int step, const char *name, const double **data, int *ndim, int64_t *shape)
+{
+    if (ck->ref_file) {
+        char path[256];
+        fs_err e = {0};
+        snprintf(path, sizeof path, "/step_%04d/%s", step, name);
+        if (!fo_is_dataset(ck->ref_file, path) || fo_dataset_read(ck->ref_file, path, &ck->ds, &e)) return 0;
+        *data = ck->ds.data;
+        *ndim = ck->ds.ndim;
+        for (int d = 0; d < ck->ds.ndim && d < FS_MAX_DIMS; d++) shape[d] = ck->ds.shape[d];
+        return 1;
+    }
+    for (int k = 0; k < ck->nref; k++) { /* names come in the same order: start from the hint */
+        int i = (ck->hint + k) % ck->nref;
+        if (ck->ref[i].step == step && !strcmp(ck->ref[i].name, name)) {
+            ck->hint = i + 1;
+            const fs_tensor *t = &ck->ref[i].t;
+            size_t n = (size_t)fs_tensor_numel(t);
+            if (n > ck->bufcap) {
+                free(ck->buf);
+                ck->buf = malloc(n * sizeof(double));
+                ck->bufcap = n;
+            }
+            for (size_t j = 0; j < n; j++) ck->buf[j] = fs_tensor_get(t, (int64_t)j);
+            *data = ck->buf;
+            *ndim = t->ndim;
+            memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- parallel comparison */
+
+static int chk_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
+{
+    ((fs_check *)ctx)->step = step;
+    return FS_OK;
+}
+
+static const char *axis_names(int ndim)
+{
+    /* how coordinates read for FLUX tensors: [B, S, C], [B, S, H, Dh], [B, C], [S, Dh] */
+    switch (ndim) {
+    case 4: return "batch, token, head, dim";
+    case 3: return "batch, token, channel";
+    case 2: return "row, column";
+    default: return "index";
+    }
+}
+
+static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    fs_check *ck = ctx;
+    const fs_par *p = ck->par;
+    fs_gathered g;
+    int rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
+    int verdict = rc ? FS_E_INTERNAL : FS_OK;
+    if (!rc && p->rank == 0) {
+        char lay[128], pieces[256] = "", sbuf[96], rbuf[96];
+        fs_par_describe(p, lay, sizeof lay);
+        size_t o = 0;
+        int nshown = 0;
+        for (int r = 0; r < g.world && nshown < 8; r++)
+            if (g.group[r] == r) {
+                char d[128];
+                o += (size_t)snprintf(pieces + o, sizeof pieces - o, "%srank %d%s: %s", nshown ? "; " : "", r,
+                                      g.pieces[r].sh.ndims ? "" : " (and every rank with the same piece)",
+                                      fs_piece_describe(&g.pieces[r], d, sizeof d));
+                nshown++;
+            }
+        const double *ref;
+        int rnd;
+        int64_t rshape[FS_MAX_DIMS];
+        if (g.problem) {
+            ck->diverged = 1;
+            snprintf(ck->report, sizeof ck->report,
+                     "flux-sim --check: DIVERGED at step %d, %s\n"
+                     "  layout: %s\n"
+                     "  %s\n"
+                     "  pieces: %s\n",
+                     ck->step, name, lay, g.detail, pieces);
+        } else if (!ref_lookup(ck, ck->step, name, &ref, &rnd, rshape)) {
+            ck->n_missing++;
+        } else {
+            fs_tensor rt = {.ndim = rnd};
+            memcpy(rt.shape, rshape, sizeof(int64_t) * (size_t)rnd);
+            int same = rnd == g.global.ndim;
+            for (int d = 0; same && d < rnd; d++) same = rshape[d] == g.global.shape[d];
+            ck->n_compared++;
+            if (!same) {
+                ck->diverged = 1;
+                snprintf(ck->report, sizeof ck->report,
+                         "flux-sim --check: DIVERGED at step %d, %s\n"
+                         "  layout: %s\n"
+                         "  shape: parallel run assembles %s, single-rank reference has %s\n"
+                         "  pieces: %s\n",
+                         ck->step, name, lay, fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf),
+                         fs_tensor_shape_str(&rt, rbuf, sizeof rbuf), pieces);
+            } else {
+                const int64_t n = fs_tensor_numel(&g.global);
+                double *a = malloc(sizeof(double) * (size_t)(n ? n : 1));
+                double refmax = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    a[i] = fs_tensor_get(&g.global, i);
+                    if (fabs(ref[i]) > refmax) refmax = fabs(ref[i]);
+                }
+                fo_stats st;
+                fo_compare(a, ref, n, &st);
+                free(a);
+                double rel_max = refmax > 0 ? st.max_abs / refmax : (st.max_abs > 0 ? INFINITY : 0);
+                int bad = st.n_nonfinite_mismatch > 0 || !(st.rel_l2 <= ck->tol.rtol) || !(rel_max <= ck->tol.rtol_max);
+                if (st.rel_l2 > ck->worst || !fo_stats_all_finite(&st)) {
+                    ck->worst = fo_stats_all_finite(&st) ? st.rel_l2 : INFINITY;
+                    snprintf(ck->worst_where, sizeof ck->worst_where, "step %d %s", ck->step, name);
+                }
+                if (bad) {
+                    int64_t at = st.argmax >= 0 ? st.argmax : 0, coords[FS_MAX_DIMS] = {0};
+                    if (st.n_nonfinite_mismatch > 0 && st.first_nonfinite >= 0) at = st.first_nonfinite;
+                    fo_unravel(at, g.global.ndim, g.global.shape, coords);
+                    char cs[96], owners[128];
+                    fo_coords_str(g.global.ndim, coords, cs, sizeof cs);
+                    fs_gathered_owners(&g, coords, owners, sizeof owners);
+                    ck->diverged = 1;
+                    snprintf(ck->report, sizeof ck->report,
+                             "flux-sim --check: DIVERGED at step %d, %s\n"
+                             "  layout: %s; tensor %s %s\n"
+                             "  max |Δ| = %.6g at %s (%s)%s; relative L2 = %.3g, max |Δ|/max|ref| = %.3g "
+                             "(tolerance %.1e / %.1e)\n"
+                             "  non-finite: parallel %lld NaN %lld Inf, reference %lld NaN %lld Inf\n"
+                             "  element held by rank(s) %s; pieces: %s\n",
+                             ck->step, name, lay, fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf), fs_dtype_name(ck->dt),
+                             st.max_abs, cs, axis_names(g.global.ndim),
+                             st.n_nonfinite_mismatch ? " [first non-finite mismatch]" : "", st.rel_l2, rel_max,
+                             ck->tol.rtol, ck->tol.rtol_max, (long long)st.nan_a, (long long)st.inf_a,
+                             (long long)st.nan_b, (long long)st.inf_b, owners, pieces);
+                }
+            }
+        }
+        verdict = ck->diverged ? FS_DIVERGED : FS_OK;
+    }
+    fs_gathered_free(&g);
+    fs_bcast(p->g_world, 0, &verdict, sizeof verdict);
+    if (verdict == FS_DIVERGED) {
+        ck->diverged = 1;
+        return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);
+    }
+    if (verdict) return fs_errf(e, verdict, "--check: gathering %s failed", name);
+    return FS_OK;
+}
+
+fs_recorder fs_check_recorder(fs_check *ck) { return (fs_recorder){.fn = chk_record, .ctx = ck}; }
+fs_step_hooks fs_check_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = chk_begin, .ctx = ck}; }
+
+int fs_check_diverged(const fs_check *ck) { return ck->diverged; }
+
+const char *fs_check_report(const fs_check *ck)
+{
+    fs_check *m = (fs_check *)ck;
+    if (!ck->diverged) {
+        char lay[128];
+        snprintf(m->report, sizeof m->report,
+                 "flux-sim --check: OK — %s reproduces the single-rank run: %d tensors compared%s, worst relative L2 "
+                 "%.3g (%s); tolerance %.1e (max-abs %.1e)\n",
+                 fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared,
+                 ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where, ck->tol.rtol,
+                 ck->tol.rtol_max);
+    }
+    return ck->report;
+}

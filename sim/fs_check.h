@@ -1,0 +1,41 @@
+/* fs_check.h — `flux-sim --check`: does a parallel layout reproduce the single-rank run?
+ *
+ * A reference is recorded first — a single-rank run of the same weights and inputs in the same
+ * job (rank 0), or a saved single-rank dump (--check=REF.h5). Then the parallel run records
+ * through fs_check_recorder: every module output is gathered to its global layout on rank 0
+ * (fs_gather.h: replicated copies are compared by hash on the way), compared with the
+ * reference in execution order, and the verdict is broadcast, so at the first divergence every
+ * rank stops at the same module together (FS_DIVERGED), and none hangs. */
+#ifndef FS_CHECK_H
+#define FS_CHECK_H
+
+#include "fs_par.h"
+#include "fs_record.h"
+#include "fs_sampler.h"
+
+typedef struct fs_check fs_check;
+
+typedef struct fs_check_tol {
+    double rtol;     /* relative L2 ‖par − ref‖/‖ref‖ */
+    double rtol_max; /* max |par − ref| / max |ref| */
+} fs_check_tol;
+
+/* Defaults per dtype, from measured layout-reordering error (docs/parallel.md#tolerances). */
+fs_check_tol fs_check_default_tol(fs_dtype dt);
+
+/* ref_path NULL: the reference is recorded in this job through fs_check_ref_recorder. */
+int fs_check_create(fs_check **ck, const fs_par *par, fs_dtype dt, fs_check_tol tol, const char *ref_path, fs_err *e);
+void fs_check_free(fs_check *ck);
+
+/* Rank 0's single-rank reference run records through these. */
+fs_recorder fs_check_ref_recorder(fs_check *ck);
+fs_step_hooks fs_check_ref_hooks(fs_check *ck);
+/* Every rank's parallel run records through these (collective per recorded tensor). */
+fs_recorder fs_check_recorder(fs_check *ck);
+fs_step_hooks fs_check_hooks(fs_check *ck);
+
+/* After the run (every rank): 1 if diverged. Rank 0: the report (divergence or summary). */
+int fs_check_diverged(const fs_check *ck);
+const char *fs_check_report(const fs_check *ck);
+
+#endif

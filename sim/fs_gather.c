@@ -1,0 +1,207 @@
+#include "fs_gather.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int same_piece(const fs_piece *a, const fs_piece *b)
+{
+    if (a->ndim != b->ndim || a->sh.ndims != b->sh.ndims) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    for (int k = 0; k < a->sh.ndims; k++) {
+        const fs_shard_dim *x = &a->sh.d[k], *y = &b->sh.d[k];
+        if (x->dim != y->dim || x->n != y->n) return 0;
+        for (int i = 0; i < x->n; i++)
+            if (x->iv[i][0] != y->iv[i][0] || x->iv[i][1] != y->iv[i][1]) return 0;
+    }
+    return 1;
+}
+
+/* Global index along axis `dim` of local index `li` in piece p. */
+static int64_t to_global(const fs_piece *p, int dim, int64_t li)
+{
+    for (int k = 0; k < p->sh.ndims; k++) {
+        const fs_shard_dim *d = &p->sh.d[k];
+        if (d->dim != dim) continue;
+        for (int i = 0; i < d->n; i++) {
+            int64_t len = d->iv[i][1] - d->iv[i][0];
+            if (li < len) return d->iv[i][0] + li;
+            li -= len;
+        }
+        return -1;
+    }
+    return li;
+}
+
+const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n)
+{
+    if (p->sh.ndims == 0) {
+        snprintf(buf, n, "replicated");
+        return buf;
+    }
+    size_t o = 0;
+    for (int k = 0; k < p->sh.ndims && o < n; k++) {
+        const fs_shard_dim *d = &p->sh.d[k];
+        o += (size_t)snprintf(buf + o, n - o, "%sdim %d ", k ? ", " : "", d->dim);
+        for (int i = 0; i < d->n && o < n; i++)
+            o += (size_t)snprintf(buf + o, n - o, "%s[%lld,%lld)", i ? "+" : "", (long long)d->iv[i][0],
+                                  (long long)d->iv[i][1]);
+    }
+    return buf;
+}
+
+int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e)
+{
+    memset(g, 0, sizeof *g);
+    const int W = world->size, root = 0, me = world->rank;
+    fs_piece mine = {.ndim = t->ndim, .nbytes = (int64_t)fs_tensor_nbytes(t)};
+    memcpy(mine.shape, t->shape, sizeof mine.shape);
+    if (sh) mine.sh = *sh;
+    mine.hash = fs_hash_bytes(t->data, fs_tensor_nbytes(t));
+    g->world = W;
+    if (me == root) {
+        g->pieces = calloc((size_t)W, sizeof *g->pieces);
+        g->group = calloc((size_t)W, sizeof *g->group);
+        if (!g->pieces || !g->group) fs_comm_abort(FS_E_NOMEM);
+    }
+    fs_gather_bytes(world, root, &mine, sizeof mine, g->pieces);
+
+    /* rank 0: group identical pieces, compare their hashes, choose senders */
+    unsigned char *send = calloc((size_t)W, 1);
+    if (me == root) {
+        size_t o = 0;
+        for (int r = 0; r < W; r++) {
+            g->group[r] = r;
+            for (int q = 0; q < r; q++)
+                if (g->group[q] == q && same_piece(&g->pieces[q], &g->pieces[r])) {
+                    g->group[r] = q;
+                    break;
+                }
+            if (g->group[r] == r) send[r] = 1;
+            else if (g->pieces[r].hash != g->pieces[g->group[r]].hash) {
+                if (!g->problem)
+                    o += (size_t)snprintf(g->detail + o, sizeof g->detail - o, "ranks holding the same %s piece disagree:",
+                                          g->pieces[r].sh.ndims ? "sharded" : "replicated");
+                g->problem = 1;
+                if (o < sizeof g->detail)
+                    o += (size_t)snprintf(g->detail + o, sizeof g->detail - o, " rank %d != rank %d;", r, g->group[r]);
+            }
+        }
+    }
+    fs_bcast(world, root, send, (size_t)W);
+
+    /* phase 2: one copy of each distinct piece */
+    int64_t *cnt = NULL, *dsp = NULL, total = 0;
+    char *buf = NULL;
+    if (me == root) {
+        cnt = malloc(sizeof(int64_t) * 2 * (size_t)W);
+        dsp = cnt + W;
+        for (int r = 0; r < W; r++) {
+            cnt[r] = send[r] ? g->pieces[r].nbytes : 0;
+            dsp[r] = total;
+            total += cnt[r];
+        }
+        buf = malloc((size_t)total + 1);
+        if (!buf) fs_comm_abort(FS_E_NOMEM);
+    }
+    fs_gatherv_bytes(world, root, t->data, send[me] ? mine.nbytes : 0, buf, cnt, dsp);
+
+    int rc = FS_OK;
+    if (me == root) {
+        /* global shape: the local sizes, except sharded axes, which extend as far as any rank's
+         * intervals reach; unsharded axes must agree across ranks */
+        int64_t gshape[FS_MAX_DIMS];
+        int sharded_axis[FS_MAX_DIMS] = {0}, shape_ok = 1;
+        memcpy(gshape, g->pieces[0].shape, sizeof gshape);
+        for (int r = 0; r < W; r++)
+            for (int k = 0; k < g->pieces[r].sh.ndims; k++) sharded_axis[g->pieces[r].sh.d[k].dim] = 1;
+        for (int d = 0; d < FS_MAX_DIMS; d++)
+            if (sharded_axis[d]) gshape[d] = 0;
+        for (int r = 0; r < W; r++) {
+            const fs_piece *p = &g->pieces[r];
+            if (p->ndim != g->pieces[0].ndim) shape_ok = 0;
+            for (int k = 0; k < p->sh.ndims; k++)
+                for (int i = 0; i < p->sh.d[k].n; i++)
+                    if (p->sh.d[k].iv[i][1] > gshape[p->sh.d[k].dim]) gshape[p->sh.d[k].dim] = p->sh.d[k].iv[i][1];
+            for (int d = 0; d < p->ndim; d++)
+                if (!sharded_axis[d] && p->shape[d] != g->pieces[0].shape[d]) shape_ok = 0;
+        }
+        if (!shape_ok) {
+            char a[64], b[64];
+            g->problem = 2;
+            fs_tensor ta = {.ndim = g->pieces[0].ndim}, tb = {.ndim = g->pieces[W - 1].ndim};
+            memcpy(ta.shape, g->pieces[0].shape, sizeof ta.shape);
+            memcpy(tb.shape, g->pieces[W - 1].shape, sizeof tb.shape);
+            snprintf(g->detail, sizeof g->detail, "ranks hold pieces of incompatible shapes (rank 0 %s, rank %d %s)",
+                     fs_tensor_shape_str(&ta, a, sizeof a), W - 1, fs_tensor_shape_str(&tb, b, sizeof b));
+        } else if ((rc = fs_tensor_alloc(&g->global, t->dtype, g->pieces[0].ndim, gshape, e)) == FS_OK) {
+            const int64_t N = fs_tensor_numel(&g->global);
+            unsigned char *cov = calloc((size_t)N + 1, 1);
+            const size_t es = fs_dtype_size(t->dtype);
+            for (int r = 0; r < W; r++) {
+                if (!send[r]) continue;
+                const fs_piece *p = &g->pieces[r];
+                int64_t n = 1;
+                for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+                const char *src = buf + dsp[r];
+                for (int64_t li = 0; li < n; li++) {
+                    int64_t rem = li, gi = 0, stride = 1, ok = 1;
+                    int64_t idx[FS_MAX_DIMS];
+                    for (int d = p->ndim - 1; d >= 0; d--) {
+                        idx[d] = rem % p->shape[d];
+                        rem /= p->shape[d];
+                    }
+                    for (int d = p->ndim - 1; d >= 0; d--) {
+                        int64_t gd = to_global(p, d, idx[d]);
+                        if (gd < 0 || gd >= gshape[d]) ok = 0;
+                        gi += gd * stride;
+                        stride *= gshape[d];
+                    }
+                    if (!ok) continue;
+                    memcpy((char *)g->global.data + (size_t)gi * es, src + (size_t)li * es, es);
+                    if (cov[gi] < 255) cov[gi]++;
+                }
+            }
+            for (int64_t i = 0; i < N; i++)
+                if (cov[i] != 1) {
+                    g->problem = 2;
+                    snprintf(g->detail, sizeof g->detail, "global element %lld is held by %d distinct pieces (expected exactly 1): "
+                             "the shards do not tile the tensor", (long long)i, cov[i]);
+                    break;
+                }
+            free(cov);
+        }
+    }
+    free(send);
+    free(buf);
+    free(cnt);
+    return rc;
+}
+
+void fs_gathered_free(fs_gathered *g)
+{
+    if (!g) return;
+    fs_tensor_free(&g->global);
+    free(g->pieces);
+    free(g->group);
+    memset(g, 0, sizeof *g);
+}
+
+const char *fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int r = 0; r < g->world && o < n; r++) {
+        const fs_piece *p = &g->pieces[r];
+        int holds = 1;
+        for (int k = 0; k < p->sh.ndims; k++) {
+            const fs_shard_dim *d = &p->sh.d[k];
+            int in = 0;
+            for (int i = 0; i < d->n; i++) in |= coords[d->dim] >= d->iv[i][0] && coords[d->dim] < d->iv[i][1];
+            holds &= in;
+        }
+        if (holds) o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? ", " : "", r);
+    }
+    return buf;
+}

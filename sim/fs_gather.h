@@ -1,0 +1,39 @@
+/* fs_gather.h — assemble a global tensor on rank 0 from every rank's local piece.
+ *
+ * Two phases, so replicated tensors cost a hash, not a copy: (1) every rank sends rank 0 its
+ * shape, its fs_shard and a 64-bit hash of its bytes; rank 0 groups ranks holding the same piece
+ * (same shape and shard: e.g. the TP ranks of a sequence shard, or all ranks for a replicated
+ * tensor) and checks their hashes agree; (2) one rank per group sends its bytes, and rank 0
+ * places them by their intervals. Rank 0 also checks the pieces cover every element (a
+ * mis-sized shard leaves holes or overlaps). Collective over the world group. */
+#ifndef FS_GATHER_H
+#define FS_GATHER_H
+
+#include "fs_comm.h"
+#include "fs_record.h"
+
+typedef struct fs_piece {
+    int ndim;
+    int64_t shape[FS_MAX_DIMS];
+    fs_shard sh;
+    uint64_t hash;
+    int64_t nbytes;
+} fs_piece;
+
+typedef struct fs_gathered {
+    fs_tensor global;  /* rank 0: the assembled tensor, in the local dtype; empty elsewhere */
+    int world;
+    fs_piece *pieces;  /* rank 0: [world], what each rank holds */
+    int *group;        /* rank 0: [world], index of the first rank holding the same piece */
+    int problem;       /* rank 0: 0 ok; 1 replicated copies differ; 2 pieces do not tile the tensor */
+    char detail[512];  /* rank 0: which ranks disagree, or where the hole/overlap is */
+} fs_gathered;
+
+int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e);
+void fs_gathered_free(fs_gathered *g);
+/* Ranks whose piece holds the global element at coords (rank 0; writes a list like "1, 3"). */
+const char *fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n);
+/* "replicated" / "dim 1 [0,40)+[64,104)" description of rank r's piece. */
+const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n);
+
+#endif

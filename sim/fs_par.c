@@ -1,0 +1,129 @@
+#include "fs_par.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Can (tp, ulysses, ring) run this config? Returns NULL or the reason. */
+static const char *layout_problem(const fs_config *c, int tp, int u, int r, char *buf, size_t n)
+{
+    const int H = c->num_attention_heads, D = fs_config_hidden(c), F = fs_config_mlp_hidden(c);
+    if (tp < 1 || u < 1 || r < 1) return "degrees must be >= 1";
+    if (H % (tp * u)) {
+        snprintf(buf, n, "%d heads are not divisible by tp·ulysses = %d (each rank must own whole heads)", H, tp * u);
+        return buf;
+    }
+    if (D % tp || F % tp) {
+        snprintf(buf, n, "hidden %d / MLP %d not divisible by tp = %d", D, F, tp);
+        return buf;
+    }
+    return NULL;
+}
+
+void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses, int *ring)
+{
+    char buf[256];
+    *tp = *ulysses = *ring = 1;
+    if (!layout_problem(c, world, 1, 1, buf, sizeof buf)) *tp = world;
+    else if (!layout_problem(c, 1, world, 1, buf, sizeof buf)) *ulysses = world;
+    else *ring = world;
+}
+
+int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int u, int r, fs_ring_rotate rotate,
+                const fs_plan *plan, fs_err *e)
+{
+    memset(p, 0, sizeof *p);
+    char why[256];
+    if (tp * u * r != world->size) {
+        char alt[512] = "";
+        size_t o = 0;
+        for (int a = 1; a <= world->size; a++)
+            for (int b = 1; a * b <= world->size; b++)
+                if (world->size % (a * b) == 0 && !layout_problem(c, a, b, world->size / (a * b), why, sizeof why))
+                    o += (size_t)snprintf(alt + o, sizeof alt - o, "%s--tp %d --ulysses %d --ring %d", o ? "; " : "", a, b,
+                                          world->size / (a * b));
+        return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %d ranks, but the job has %d; layouts for %d ranks: %s",
+                       tp, u, r, tp * u * r, world->size, world->size, alt);
+    }
+    const char *prob = layout_problem(c, tp, u, r, why, sizeof why);
+    if (prob) {
+        char alt[512] = "";
+        size_t o = 0;
+        for (int a = 1; a <= world->size; a++)
+            for (int b = 1; a * b <= world->size; b++)
+                if (world->size % (a * b) == 0 && !layout_problem(c, a, b, world->size / (a * b), why, sizeof why))
+                    o += (size_t)snprintf(alt + o, sizeof alt - o, "%s--tp %d --ulysses %d --ring %d", o ? "; " : "", a, b,
+                                          world->size / (a * b));
+        layout_problem(c, tp, u, r, why, sizeof why);
+        return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d cannot run this model: %s; layouts that can: %s",
+                       tp, u, r, why, alt);
+    }
+    p->world = world->size;
+    p->rank = world->rank;
+    p->g_world = world;
+    p->tp = tp;
+    p->ulysses = u;
+    p->ring = r;
+    p->sp = u * r;
+    p->rotate = rotate;
+    p->plan = plan;
+    p->tp_rank = world->rank % tp;
+    p->sp_rank = world->rank / tp;
+    p->u_rank = p->sp_rank % u;
+    p->r_rank = p->sp_rank / u;
+    int rc;
+    /* TP group: same sp_rank. SP group: same tp_rank. Ulysses group: same tp_rank and ring
+     * rank. Ring group: same tp_rank and ulysses rank. Keys keep the natural order. */
+    if ((rc = fs_group_split(world, p->sp_rank, p->tp_rank, &p->g_tp, e)) ||
+        (rc = fs_group_split(world, p->tp_rank, p->sp_rank, &p->g_sp, e)) ||
+        (rc = fs_group_split(world, p->tp_rank * r + p->r_rank, p->u_rank, &p->g_u, e)) ||
+        (rc = fs_group_split(world, p->tp_rank * u + p->u_rank, p->r_rank, &p->g_r, e))) {
+        fs_par_free(p);
+        return rc;
+    }
+    return FS_OK;
+}
+
+static void split(int64_t S, int P, int64_t *lo, int64_t *hi)
+{
+    int64_t base = S / P, extra = S % P, off = 0;
+    for (int q = 0; q < P; q++) {
+        int64_t n = base + (q < extra ? 1 : 0);
+        lo[q] = off;
+        hi[q] = off + n;
+        off += n;
+    }
+}
+
+int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e)
+{
+    free(p->txt_lo);
+    p->txt_lo = calloc(4 * (size_t)p->sp, sizeof(int64_t));
+    if (!p->txt_lo) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    p->txt_hi = p->txt_lo + p->sp;
+    p->img_lo = p->txt_hi + p->sp;
+    p->img_hi = p->img_lo + p->sp;
+    p->S_txt = S_txt;
+    p->S_img = S_img;
+    split(S_txt, p->sp, p->txt_lo, p->txt_hi);
+    split(S_img, p->sp, p->img_lo, p->img_hi);
+    return FS_OK;
+}
+
+void fs_par_free(fs_par *p)
+{
+    if (!p) return;
+    fs_group_free(&p->g_tp);
+    fs_group_free(&p->g_sp);
+    fs_group_free(&p->g_u);
+    fs_group_free(&p->g_r);
+    free(p->txt_lo);
+    memset(p, 0, sizeof *p);
+}
+
+const char *fs_par_describe(const fs_par *p, char *buf, size_t n)
+{
+    snprintf(buf, n, "tp %d x ulysses %d x ring %d%s", p->tp, p->ulysses, p->ring,
+             p->ring > 1 ? (p->rotate == FS_RING_P2P ? " (ring p2p)" : " (ring allgather)") : "");
+    return buf;
+}

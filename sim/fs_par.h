@@ -1,0 +1,54 @@
+/* fs_par.h — the parallel layout of one run: the mesh, this rank's coordinates, the process
+ * groups, and how the joint [text | image] sequence is split.
+ *
+ * Mesh: world = tp · ulysses · ring. rank = sp_rank · tp + tp_rank (TP innermost, as Megatron
+ * places it inside a node); sp_rank = ring_rank · ulysses + ulysses_rank (Ulysses inner, ring
+ * outer, as USP does). A TP group shares one sequence shard; a sequence-parallel (SP) group of
+ * ulysses·ring ranks shares one head shard.
+ *
+ * Sequence sharding: text and image tokens are split separately over the SP group, each in
+ * balanced contiguous chunks (the first S % P ranks get one extra token: uneven lengths are
+ * exact, never padded, never dropped), and a rank's local joint sequence is
+ * [its text chunk | its image chunk], as diffusers' context parallelism splits
+ * encoder_hidden_states and hidden_states. RoPE uses the tokens' global ids. */
+#ifndef FS_PAR_H
+#define FS_PAR_H
+
+#include "fs_comm.h"
+#include "fs_config.h"
+#include "fs_plan.h"
+
+typedef enum fs_ring_rotate { FS_RING_ALLGATHER = 0, FS_RING_P2P } fs_ring_rotate;
+
+typedef struct fs_par {
+    int world, rank;
+    int tp, ulysses, ring, sp;            /* degrees; sp = ulysses · ring */
+    int tp_rank, u_rank, r_rank, sp_rank; /* this rank's coordinates */
+    fs_group g_tp, g_u, g_r, g_sp;        /* groups (of size 1 when the degree is 1) */
+    const fs_group *g_world;
+    fs_ring_rotate rotate;
+    const fs_plan *plan;                  /* TP plan (used when tp > 1) */
+    /* sequence partition over sp ranks, set by fs_par_set_seq */
+    int S_txt, S_img;
+    int64_t *txt_lo, *txt_hi, *img_lo, *img_hi; /* [sp] */
+} fs_par;
+
+/* Checks the layout against the world size and the config (heads divisible by tp·ulysses,
+ * hidden and MLP widths by tp) and creates the groups. The error message says why a layout
+ * cannot work and lists the layouts that would. */
+int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int ulysses, int ring,
+                fs_ring_rotate rotate, const fs_plan *plan, fs_err *e);
+/* The layout plain `mpirun -np N flux-sim` uses: TP over N if the heads and widths divide,
+ * else Ulysses over N if the heads divide, else ring over N. */
+void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses, int *ring);
+/* Partition S_txt text and S_img image tokens over the SP group. */
+int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e);
+void fs_par_free(fs_par *p);
+/* "tp2 x ulysses1 x ring2 (p2p)" */
+const char *fs_par_describe(const fs_par *p, char *buf, size_t n);
+
+/* Local token counts of SP rank q. */
+static inline int64_t fs_par_txt_n(const fs_par *p, int q) { return p->txt_hi[q] - p->txt_lo[q]; }
+static inline int64_t fs_par_img_n(const fs_par *p, int q) { return p->img_hi[q] - p->img_lo[q]; }
+
+#endif

@@ -1,0 +1,180 @@
+#include "fs_plan.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The FLUX.1 tensor-parallel plan: Megatron-style, as in diffusers' _tp_plan and
+ * ../shared/seeds/000. This text is the one place that says how a block is split. */
+static const char default_plan[] =
+    "# FLUX.1 tensor-parallel plan (Megatron-style; diffusers _tp_plan / torchtitan vocabulary)\n"
+    "#   <module glob>                              <style>         [packed input widths]\n"
+    "# Unmatched modules are replicated: AdaLN linears (norm1*, norm.linear), QK norms, embedders,\n"
+    "# norm_out, proj_out. colwise splits q/k/v by heads (H/T heads per rank, head-major columns).\n"
+    "\n"
+    "# double blocks: attention\n"
+    "transformer_blocks.*.attn.to_q                 colwise\n"
+    "transformer_blocks.*.attn.to_k                 colwise\n"
+    "transformer_blocks.*.attn.to_v                 colwise\n"
+    "transformer_blocks.*.attn.add_q_proj           colwise\n"
+    "transformer_blocks.*.attn.add_k_proj           colwise\n"
+    "transformer_blocks.*.attn.add_v_proj           colwise\n"
+    "transformer_blocks.*.attn.to_out.0             rowwise\n"
+    "transformer_blocks.*.attn.to_add_out           rowwise\n"
+    "# double blocks: MLPs (image and text streams)\n"
+    "transformer_blocks.*.ff.net.0.proj             colwise\n"
+    "transformer_blocks.*.ff.net.2                  rowwise\n"
+    "transformer_blocks.*.ff_context.net.0.proj     colwise\n"
+    "transformer_blocks.*.ff_context.net.2          rowwise\n"
+    "# single blocks: attention and MLP in parallel, one output projection on cat([attn, mlp])\n"
+    "single_transformer_blocks.*.attn.to_q          colwise\n"
+    "single_transformer_blocks.*.attn.to_k          colwise\n"
+    "single_transformer_blocks.*.attn.to_v          colwise\n"
+    "single_transformer_blocks.*.proj_mlp           colwise\n"
+    "single_transformer_blocks.*.proj_out           packed_rowwise  D,4D\n";
+
+const char *fs_plan_default_text(void) { return default_plan; }
+
+const char *fs_tp_style_name(fs_tp_style s)
+{
+    switch (s) {
+    case FS_TP_COLWISE: return "colwise";
+    case FS_TP_ROWWISE: return "rowwise";
+    case FS_TP_PACKED_ROWWISE: return "packed_rowwise";
+    default: return "replicate";
+    }
+}
+
+static int valid_width(const char *s)
+{
+    if (!*s) return 0;
+    const char *p = s;
+    while (isdigit((unsigned char)*p)) p++;
+    return !*p || !strcmp(p, "D"); /* "3072", "D", "4D" */
+}
+
+int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->source, sizeof p->source, "%s", origin);
+    int lineno = 0, cap = 0;
+    const char *s = text;
+    while (*s) {
+        const char *nl = strchr(s, '\n');
+        size_t len = nl ? (size_t)(nl - s) : strlen(s);
+        char line[512];
+        lineno++;
+        if (len >= sizeof line) {
+            fs_plan_free(p);
+            return fs_errf(e, FS_E_INPUT, "%s:%d: line too long", origin, lineno);
+        }
+        memcpy(line, s, len);
+        line[len] = 0;
+        s += len + (nl ? 1 : 0);
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char glob[256] = "", style[64] = "", args[64] = "", extra[8] = "";
+        int nf = sscanf(line, "%255s %63s %63s %7s", glob, style, args, extra);
+        if (nf <= 0) continue;
+        fs_plan_rule r = {.line = lineno};
+        if (strlen(glob) >= sizeof r.glob) {
+            fs_plan_free(p);
+            return fs_errf(e, FS_E_INPUT, "%s:%d: module glob too long", origin, lineno);
+        }
+        strcpy(r.glob, glob);
+        if (nf < 2) {
+            fs_plan_free(p);
+            return fs_errf(e, FS_E_INPUT, "%s:%d: '%s' has no style (colwise, rowwise, packed_rowwise, replicate)",
+                           origin, lineno, glob);
+        }
+        if (!strcmp(style, "colwise")) r.style = FS_TP_COLWISE;
+        else if (!strcmp(style, "rowwise")) r.style = FS_TP_ROWWISE;
+        else if (!strcmp(style, "packed_rowwise")) r.style = FS_TP_PACKED_ROWWISE;
+        else if (!strcmp(style, "replicate")) r.style = FS_TP_REPLICATE;
+        else {
+            fs_plan_free(p);
+            return fs_errf(e, FS_E_INPUT, "%s:%d: unknown style '%s' (colwise, rowwise, packed_rowwise, replicate)",
+                           origin, lineno, style);
+        }
+        if (r.style == FS_TP_PACKED_ROWWISE) {
+            char *comma = strchr(args, ',');
+            if (nf < 3 || !comma) {
+                fs_plan_free(p);
+                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise needs the two input widths, e.g. 'D,4D'", origin,
+                               lineno);
+            }
+            *comma = 0;
+            if (!valid_width(args) || !valid_width(comma + 1) || strlen(args) >= 16 || strlen(comma + 1) >= 16) {
+                fs_plan_free(p);
+                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise widths '%s,%s' must be integers or kD", origin,
+                               lineno, args, comma + 1);
+            }
+            strcpy(r.split[0], args);
+            strcpy(r.split[1], comma + 1);
+            nf--;
+        }
+        if (nf > 2) {
+            fs_plan_free(p);
+            return fs_errf(e, FS_E_INPUT, "%s:%d: unexpected text after '%s %s'", origin, lineno, glob, style);
+        }
+        if (p->n == cap) {
+            cap = cap ? 2 * cap : 32;
+            fs_plan_rule *nr = realloc(p->rules, (size_t)cap * sizeof *nr);
+            if (!nr) {
+                fs_plan_free(p);
+                return fs_errf(e, FS_E_NOMEM, "out of memory");
+            }
+            p->rules = nr;
+        }
+        p->rules[p->n++] = r;
+    }
+    return FS_OK;
+}
+
+int fs_plan_load(fs_plan *p, const char *path, fs_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open plan: %s", path, strerror(errno));
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!buf) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    buf[n] = 0;
+    int rc = fs_plan_parse(p, buf, path, e);
+    free(buf);
+    return rc;
+}
+
+void fs_plan_free(fs_plan *p)
+{
+    if (!p) return;
+    free(p->rules);
+    memset(p, 0, sizeof *p);
+}
+
+static int64_t resolve(const char *w, const fs_config *c)
+{
+    char *end;
+    long long k = strtoll(w, &end, 10);
+    if (end == w) k = 1;
+    if (*end == 'D') return k * fs_config_hidden(c);
+    return k;
+}
+
+fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *module, int64_t widths[2], int *rule)
+{
+    if (rule) *rule = -1;
+    for (int i = 0; p && i < p->n; i++)
+        if (fnmatch(p->rules[i].glob, module, 0) == 0) {
+            if (rule) *rule = i;
+            if (p->rules[i].style == FS_TP_PACKED_ROWWISE && widths) {
+                widths[0] = resolve(p->rules[i].split[0], c);
+                widths[1] = resolve(p->rules[i].split[1], c);
+            }
+            return p->rules[i].style;
+        }
+    return FS_TP_REPLICATE;
+}
