@@ -478,7 +478,9 @@ static int sdpa(ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_tensor 
 
 static void rope_inplace(ctx *c, fs_tensor *x, const fs_tensor *cos_t, const fs_tensor *sin_t)
 {
-    int64_t s4[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
+    /* x is [B,S,Hl,Dh] (after the QK norm) or [B,S,Hl·Dh]: heads from the features per token */
+    const int64_t B = x->shape[0], S = x->shape[1], W = fs_tensor_numel(x) / (B * S);
+    int64_t s4[4] = {B, S, W / c->Dh, c->Dh};
     fs_tensor x4 = fs_tensor_reshape(x, 4, s4);
     c->be->rope(&x4, cos_t, sin_t);
 }

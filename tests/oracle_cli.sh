@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# flux-oracle end to end, on the diffusers reference dumps and on copies of them altered with h5py:
+#   - reference fp32 vs fp64, and flux-sim's own dumps vs the reference, pass (exit 0);
+#   - one element perturbed by 1e-3 relative, a changed shape, one NaN: exit 1, the first
+#     divergence is exactly the altered dataset, with the right message; a missing dataset is
+#     listed as only in one file (and fails with --strict);
+#   - --truth catches a perturbation the fixed float32 tolerance cannot see;
+#   - malformed / non-flux-dump / version 2 / truncated / absent files: exit 2, one stderr line;
+#   - consistency on fabricated per-rank files finds the first replicated dataset that differs
+#     and the rank; diff attributes a divergence to ranks through a sharding map (dim and dims);
+#   - --json parses and has the documented keys; --html is well-formed XML with an SVG plot.
+# Without ../shared/reference everything here is SKIPPED, loudly.
+set -u
+cd "$(dirname "$0")/.."
+OR=build/flux-oracle
+SIM=build/flux-sim
+PY=/usr/bin/python3
+ref=${FLUX_REFERENCE_DIR:-../shared/reference}
+T=$(mktemp -d /tmp/fluxsim-oracle-XXXXXX)
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+finish() { rm -rf "$T"; echo "$pass passed, $fail failed"; [ $fail -eq 0 ]; exit $?; }
+
+# expect RC WANT-SUBSTRING LABEL -- args...: exit status and a substring of stdout
+expect() {
+  local want_rc=$1 want=$2 label=$3; shift 4
+  "$OR" "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  if [ $rc -eq "$want_rc" ] && grep -qF -- "$want" "$T/out"; then ok "$label"
+  else bad "$label: rc=$rc (want $want_rc), want '$want' in stdout:"; head -c 2000 "$T/out"; cat "$T/err"; fi
+}
+# expect_err FILE... : exit 2 with exactly one stderr line holding WANT
+expect_err() {
+  local want=$1 label=$2; shift 3
+  "$OR" "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  local lines; lines=$(wc -l <"$T/err")
+  if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && grep -qF -- "$want" "$T/err"; then ok "$label: $(cat "$T/err")"
+  else bad "$label: rc=$rc lines=$lines, want '$want'"; cat "$T/err"; fi
+}
+
+expect 0 "usage: flux-oracle diff" "--help" -- --help
+expect_err "unknown command" "bad command" -- nonsense a.h5
+expect_err "takes two files" "diff with one file" -- diff a.h5
+
+if [ ! -d "$ref/tiny" ] || [ ! -d "$ref/odd" ]; then
+  echo "*** SKIPPED flux-oracle reference tests: $ref not found — they did NOT run ***"
+  finish
+fi
+R32=$ref/tiny/dump_fp32.h5; R64=$ref/tiny/dump_fp64.h5
+
+# ---- fixtures: copies of the reference with one thing changed (unlink + recreate, so the
+# hard-linked names that share the dataset keep the original values) ----
+$PY - "$ref" "$T" <<'PY' >"$T/fixtures.log" 2>&1 || { cat "$T/fixtures.log"; bad "fixture generation (needs python3-h5py, python3-numpy)"; finish; }
+import sys, os, shutil, json, h5py, numpy as np
+ref, T = sys.argv[1], sys.argv[2]
+def copy(src, dst, fn=None):
+    shutil.copy(src, dst); os.chmod(dst, 0o644)
+    if fn:
+        with h5py.File(dst, "r+") as f: fn(f)
+def replace(f, path, data):
+    del f[path]; f.create_dataset(path, data=data)
+R32, R64 = f"{ref}/tiny/dump_fp32.h5", f"{ref}/tiny/dump_fp64.h5"
+P = "step_0000/transformer_blocks.1.ff.net.0.proj"          # [1, 64, 512] = 32768 elements
+def perturb(idx_fn):
+    def fn(f):
+        x = f[P][()]; i = idx_fn(x); x[i] *= 1 + 1e-3; replace(f, P, x)
+    return fn
+biggest = lambda x: np.unravel_index(np.argmax(np.abs(x)), x.shape)
+# a typical element: the one of median magnitude
+typical = lambda x: np.unravel_index(np.argsort(np.abs(x), axis=None)[x.size // 2], x.shape)
+copy(R32, f"{T}/perturb32.h5", perturb(biggest))
+copy(R64, f"{T}/perturb64_typical.h5", perturb(typical))
+copy(R32, f"{T}/perturb32_typical.h5", perturb(typical))
+S = "step_0001/transformer_blocks.0#1"
+copy(R32, f"{T}/shape.h5", lambda f: replace(f, S, f[S][()][:, :-1, :]))
+N = "step_0002/single_transformer_blocks.2#1"
+def nan(f):
+    x = f[N][()]; x[0, 5, 7] = np.nan; replace(f, N, x)
+copy(R32, f"{T}/nan.h5", nan)
+def missing(f): del f["step_0003/norm_out.linear"]
+copy(R32, f"{T}/missing.h5", missing)
+# not flux-dumps
+open(f"{T}/garbage.h5", "wb").write(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8)
+with h5py.File(f"{T}/plain.h5", "w") as f: f["x"] = np.zeros(3)
+copy(f"{ref}/odd/dump_fp32.h5", f"{T}/v2.h5", lambda f: f.attrs.__setitem__("version", 2))
+d = open(f"{ref}/odd/dump_fp32.h5", "rb").read(); open(f"{T}/trunc.h5", "wb").write(d[: len(d) // 2])
+# per-rank files of a fictitious 3-way run of `odd`: identical copies, then rank 1 corrupts a
+# replicated tensor at step 0 and another at step 1, and a sharded one (which may differ)
+odd = f"{ref}/odd/dump_fp32.h5"
+with h5py.File(odd) as f: names0 = list(f["step_0000"].attrs["order"])
+shard = {n: "replicated" for n in names0 if n.startswith("time_text_embed") or n.endswith(".norm1.linear")
+         or n in ("latents_in", "proj_out", "latents_out")}
+shard["transformer_blocks.0.attn.to_q"] = {"dim": 1, "ranges": [[[0, 12]], [[12, 24]], [[24, 35]]]}
+for r in range(3):
+    def fn(f, r=r):
+        f.attrs["parallel"] = json.dumps({"world": 3, "mesh": {"tp": 3}, "rank": r, "sharding": shard})
+        if r == 1:
+            for n in ["step_0000/transformer_blocks.0.attn.to_q", "step_0000/transformer_blocks.0.norm1.linear",
+                      "step_0001/proj_out"]:
+                x = f[n][()]; x.flat[17] = np.nextafter(x.flat[17], np.float32(np.inf)); replace(f, n, x)
+    copy(odd, f"{T}/rank{r}.h5", fn)
+copy(odd, f"{T}/norank.h5", lambda f: f.attrs.__setitem__("parallel", json.dumps({"world": 3, "mesh": {"tp": 3}})))
+# global dumps whose sharding map owns the perturbed tensor: by tokens (2 ranks), and by tokens
+# x channels through "dims" (4 ranks); the perturbed element (biggest) is at token 56, channel 465
+name = P.split("/", 1)[1]
+copy(R32, f"{T}/global_dim.h5", lambda f: f.attrs.__setitem__("parallel", json.dumps(
+    {"world": 2, "mesh": {"ulysses": 2}, "sharding": {name: {"dim": 1, "ranges": [[[0, 32]], [[32, 64]]]}}})))
+copy(R32, f"{T}/global_dims.h5", lambda f: f.attrs.__setitem__("parallel", json.dumps(
+    {"world": 4, "mesh": {"tp": 2, "ring": 2}, "sharding": {name: {"dims": [
+        {"dim": 1, "ranges": [[[0, 32]], [[32, 64]], [[0, 32]], [[32, 64]]]},
+        {"dim": -1, "ranges": [[[0, 256]], [[0, 256]], [[256, 512]], [[256, 512]]]}]}}})))
+with h5py.File(f"{T}/perturb32.h5") as f:
+    x = f[P][()]; print("perturbed", np.unravel_index(np.argmax(np.abs(x)), x.shape))
+PY
+PNAME=transformer_blocks.1.ff.net.0.proj
+
+# ---- passes ----
+for c in tiny odd; do
+  expect 0 "PASS" "reference $c: dump_fp32 vs dump_fp64 within the float32 defaults" -- diff -q "$ref/$c/dump_fp32.h5" "$ref/$c/dump_fp64.h5"
+  for p in fp32 fp64; do
+    if "$SIM" -q --weights "$ref/$c/weights.safetensors" --inputs "$ref/$c/dump_fp64.h5" --precision $p --dump "$T/sim_${c}_$p.h5"; then :; else bad "flux-sim $c $p failed"; fi
+  done
+  expect 0 "PASS" "flux-sim $c fp32 vs reference fp32" -- diff -q "$T/sim_${c}_fp32.h5" "$ref/$c/dump_fp32.h5"
+  expect 0 "PASS" "flux-sim $c fp32 vs reference fp64" -- diff -q "$T/sim_${c}_fp32.h5" "$ref/$c/dump_fp64.h5"
+  expect 0 "PASS" "flux-sim $c fp64 vs reference fp64 (float64 defaults)" -- diff -q "$T/sim_${c}_fp64.h5" "$ref/$c/dump_fp64.h5"
+  expect 0 "PASS" "flux-sim $c fp32 with the reference fp32 as baseline, fp64 as --truth" -- diff -q "$ref/$c/dump_fp32.h5" "$T/sim_${c}_fp32.h5" --truth "$ref/$c/dump_fp64.h5"
+done
+expect 0 "all 276 datasets finite" "stats on the reference" -- stats "$R32"
+
+# ---- failures at exactly the right name ----
+expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel 0.001 > mtol" "1e-3 perturbation of the largest element (fp32): caught by max rel, not by rel L2" -- diff -q "$T/perturb32.h5" "$R32"
+expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: rel L2" "1e-3 perturbation of a median element (fp64 defaults)" -- diff -q "$T/perturb64_typical.h5" "$R64"
+expect 0 "PASS" "1e-3 perturbation of a median element is below float32 noise for fixed tolerances (documented)" -- diff -q "$T/perturb32_typical.h5" "$R32"
+expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel vs truth" "... but --truth fp64 catches it" -- diff -q "$R32" "$T/perturb32_typical.h5" --truth "$R64"
+expect 1 "DIVERGE at step 1 transformer_blocks.0#1: shape mismatch: A [1, 63, 128] vs B [1, 64, 128]" "changed shape" -- diff -q "$T/shape.h5" "$R32"
+expect 1 "DIVERGE at step 2 single_transformer_blocks.2#1: NaN in A where B is finite" "one NaN" -- diff -q "$T/nan.h5" "$R32"
+expect 1 "at (0, 5, 7) (batch 0, image token 5, channel 7)" "NaN located in words" -- diff -q "$T/nan.h5" "$R32"
+expect 1 "NONFINITE: first at step 2 single_transformer_blocks.2#1 (0, 5, 7) (NaN)" "stats: origin of the NaN" -- stats -q "$T/nan.h5"
+expect 0 "1 dataset only in A: /step_0003/norm_out.linear" "missing dataset reported (B lacks it)" -- diff "$R32" "$T/missing.h5"
+expect 1 "only in B (--strict)" "missing dataset fails with --strict" -- diff -q --strict "$T/missing.h5" "$R32"
+expect 0 "PASS" "--rtol/--mtol overrides" -- diff -q "$T/perturb32.h5" "$R32" --mtol 2e-3
+
+# ---- errors: exit 2, one line ----
+expect_err "cannot open as HDF5" "malformed HDF5" -- diff "$T/garbage.h5" "$R32"
+expect_err "not a flux-dump file" "HDF5 that is not a flux-dump" -- diff "$R32" "$T/plain.h5"
+expect_err "flux-dump version 2 is newer" "version 2" -- diff "$T/v2.h5" "$R32"
+expect_err "truncated file" "truncated dump" -- stats "$T/trunc.h5"
+expect_err "No such file or directory" "absent file" -- diff "$T/nope.h5" "$R32"
+expect_err "no \"rank\"" "consistency on a global dump" -- consistency "$T/rank0.h5" "$T/norank.h5"
+
+# ---- ranks ----
+expect 1 "DIVERGE at step 0 transformer_blocks.0.norm1.linear: replicated tensor differs across ranks: rank 1 disagrees with ranks 0, 2" "consistency: first replicated dataset that differs, and the rank" -- consistency -q "$T/rank0.h5" "$T/rank1.h5" "$T/rank2.h5"
+expect 0 "PASS" "consistency: agreeing ranks" -- consistency -q "$T/rank0.h5" "$T/rank2.h5"
+expect 1 "ranks: 1 — sharded on dim 1" "diff: divergence attributed through a 1-axis sharding map" -- diff "$T/perturb32.h5" "$T/global_dim.h5"
+expect 1 "ranks: 3 — sharded on dim 1, 2" "diff: ... and through a 2-axis (\"dims\") map" -- diff "$T/perturb32.h5" "$T/global_dims.h5"
+
+# ---- JSON ----
+if "$OR" diff --json "$T/perturb32.h5" "$T/global_dims.h5" >"$T/d.json" 2>"$T/err"; then bad "json diff exit 0"; fi
+if $PY - "$T/d.json" "$PNAME" <<'PY'; then ok "--json: documented keys, first divergence name/step/ranks/metrics"; else bad "--json content"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ["verdict", "first_divergence", "only_in_a", "only_in_b", "datasets"]: assert k in d, k
+fd = d["first_divergence"]
+assert d["verdict"] == "diverge" and fd["name"] == sys.argv[2] and fd["step"] == 0 and fd["ranks"] == [3], fd
+for k in ["max_abs", "rel_l2", "max_rel", "cosine", "at", "kind", "message"]: assert k in fd, k
+assert fd["at"] == [0, 56, 465] and abs(fd["max_rel"] - 1e-3) < 1e-5
+assert len(d["datasets"]) == 276 and sum(not x["pass"] for x in d["datasets"]) == 1
+PY
+"$OR" consistency --json "$T/rank0.h5" "$T/rank1.h5" "$T/rank2.h5" >"$T/c.json"
+if $PY -c "
+import json,sys; d=json.load(open('$T/c.json'))
+assert d['verdict']=='diverge' and d['first_divergence']['name']=='transformer_blocks.0.norm1.linear' and d['first_divergence']['ranks']==[1]
+assert set(['only_in_a','only_in_b','datasets']) <= set(d)
+"; then ok "consistency --json"; else bad "consistency --json"; fi
+"$OR" diff --json "$T/garbage.h5" "$R32" >"$T/e.json" 2>/dev/null
+if $PY -c "import json; assert json.load(open('$T/e.json'))['verdict']=='error'"; then ok "--json on an error: verdict error"; else bad "--json error"; fi
+
+# ---- HTML ----
+"$OR" diff -q "$T/perturb32.h5" "$R64" --html "$T/report.html" >/dev/null
+if $PY - "$T/report.html" "$PNAME" <<'PY'; then ok "--html: well-formed, one polyline per group, tolerance lines, first divergence marked, table"; else bad "--html"; fi
+import sys, re, xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+src = open(sys.argv[1]).read()
+class P(HTMLParser):
+    void = {"meta", "br", "img", "hr", "input", "link"}
+    def __init__(s): super().__init__(); s.stack = []; s.tags = []
+    def handle_starttag(s, t, a):
+        s.tags.append(t)
+        if t not in s.void: s.stack.append(t)
+    def handle_startendtag(s, t, a): s.tags.append(t)
+    def handle_endtag(s, t):
+        assert s.stack and s.stack[-1] == t, f"</{t}> closes <{s.stack[-1] if s.stack else None}>"
+        s.stack.pop()
+p = P(); p.feed(src); p.close()
+assert not p.stack, p.stack
+# stricter: the document (minus its doctype) is well-formed XML, and so is the SVG
+root = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", src))
+ns = "{http://www.w3.org/2000/svg}"
+svg = root.find(f".//{ns}svg")
+assert svg is not None
+lines = svg.findall(f"{ns}polyline")
+assert len(lines) == 6, len(lines)          # inputs, 4 steps, final
+texts = "".join(t.text or "" for t in svg.iter(f"{ns}text"))
+assert "rtol" in texts and "mtol" in texts and "first divergence" in texts and sys.argv[2] in texts
+assert any(c.get("r") == "6" for c in svg.iter(f"{ns}circle"))   # the marker
+rows = root.findall(".//tr")
+assert len(rows) == 277 and sum(1 for r in rows if r.get("class") == "first") == 1
+PY
+
+finish
