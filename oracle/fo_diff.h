@@ -72,7 +72,7 @@ typedef struct fo_diff_opts {
     fo_tolerance tol;    /* used when tol_given; else the looser of both files' dtype defaults */
     int tol_given;
     double multiplier;   /* --truth rule m (PyTorch uses 2); 0 means 2 */
-    int64_t block_elems; /* streaming block, values per file; 0 means 1 Mi (8 MB of doubles) */
+    int64_t block_elems; /* streaming block, values per file; 0 means 256 Ki (2 MB of doubles) */
 } fo_diff_opts;
 
 /* Compares every dataset `a` and `b` both hold; `truth` (may be NULL) is the arbiter. Returns

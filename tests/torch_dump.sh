@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# tools/torch_dump.py on a small torch module tree named like diffusers' FluxTransformer2DModel
+# (x_embedder, time_text_embed.time_proj called twice, pos_embed returning (cos, sin), blocks
+# returning tuples with a None, ModuleLists, an identity whose output equals its input's):
+#   - the dump has the format's names: `#k` tuple elements (None skipped), `@1` second calls, no
+#     ModuleList / root datasets, `order` = hook firing order, latents_in first, latents_out last,
+#     identical tensors hard-linked;
+#   - flux-oracle reads it (stats), a float64 run of the same model diffs within the float32
+#     defaults, and a run with one weight changed diverges first exactly at that module.
+# Needs python3-torch (Debian); without it this test is SKIPPED, loudly (torch is ~1 GB, so it
+# is not in tools/install-deps.sh).
+set -u
+cd "$(dirname "$0")/.."
+OR=build/flux-oracle
+PY=/usr/bin/python3
+T=$(mktemp -d /tmp/fluxsim-torchdump-XXXXXX)
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+if ! $PY -c "import torch, h5py" 2>/dev/null; then
+  echo "*** SKIPPED torch_dump tests: python3-torch (or h5py) not installed — they did NOT run ***"
+  echo "$pass passed, $fail failed"; exit 0
+fi
+if PYTHONPATH=tools $PY - "$T" <<'PY'
+import sys, torch, torch.nn as nn, h5py, numpy as np
+from torch_dump import FluxDumper
+T = sys.argv[1]
+D, S_IMG, S_TXT, C = 16, 20, 4, 8   # to_q: 320 elements, so it is compressed
+
+class Timesteps(nn.Module):
+    def forward(self, t):
+        f = torch.exp(-torch.arange(D // 2, dtype=t.dtype) / 4)
+        a = t[:, None] * 1000 * f[None]
+        return torch.cat([a.cos(), a.sin()], -1)
+
+class Embedder(nn.Module):
+    def __init__(s):
+        super().__init__(); s.linear_1 = nn.Linear(D, D); s.act = nn.SiLU(); s.linear_2 = nn.Linear(D, D)
+    def forward(s, x): return s.linear_2(s.act(s.linear_1(x)))
+
+class TimeText(nn.Module):
+    def __init__(s):
+        super().__init__(); s.time_proj = Timesteps(); s.timestep_embedder = Embedder(); s.guidance_embedder = Embedder()
+    def forward(s, t, g):
+        return s.timestep_embedder(s.time_proj(t)) + s.guidance_embedder(s.time_proj(g))   # time_proj twice
+
+class PosEmbed(nn.Module):
+    def forward(s, ids):
+        a = ids.sum(-1, keepdim=True) * torch.arange(1, D // 2 + 1, dtype=ids.dtype)
+        return a.cos(), a.sin()
+
+class AdaNorm(nn.Module):
+    def __init__(s):
+        super().__init__(); s.silu = nn.SiLU(); s.linear = nn.Linear(D, 2 * D); s.norm = nn.LayerNorm(D, elementwise_affine=False)
+    def forward(s, x, emb):
+        sh, sc = s.linear(s.silu(emb)).chunk(2, -1)
+        return s.norm(x) * (1 + sc[:, None]) + sh[:, None], None, sc    # a None element, as some diffusers norms
+
+class Attn(nn.Module):
+    def __init__(s):
+        super().__init__(); s.to_q = nn.Linear(D, D); s.to_out = nn.ModuleList([nn.Linear(D, D), nn.Dropout(0.0)])
+    def forward(s, x): return s.to_out[1](s.to_out[0](torch.softmax(s.to_q(x) @ x.transpose(1, 2), -1) @ x))
+
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__(); s.norm1 = AdaNorm(); s.attn = Attn()
+    def forward(s, img, txt, emb):
+        n, _, _ = s.norm1(img, emb)
+        img = img + s.attn(n)
+        return txt, img
+
+class Toy(nn.Module):
+    config = {"patch_size": 1, "in_channels": C, "out_channels": C, "num_layers": 2, "num_single_layers": 0,
+              "attention_head_dim": 8, "num_attention_heads": 2, "joint_attention_dim": D,
+              "pooled_projection_dim": D, "guidance_embeds": True, "axes_dims_rope": (2, 3, 3)}
+    def __init__(s):
+        super().__init__()
+        s.x_embedder = nn.Linear(C, D); s.context_embedder = nn.Linear(D, D); s.time_text_embed = TimeText()
+        s.pos_embed = PosEmbed(); s.transformer_blocks = nn.ModuleList([Block(), Block()]); s.proj_out = nn.Linear(D, C)
+    def forward(s, x, ctx, t, g, ids):
+        emb = s.time_text_embed(t, g); s.pos_embed(ids)
+        img, txt = s.x_embedder(x), s.context_embedder(ctx)
+        for b in s.transformer_blocks: txt, img = b(img, txt, emb)
+        return (s.proj_out(img),)
+
+def run(path, dtype, tweak=False):
+    torch.manual_seed(0)
+    m = Toy().to(dtype)
+    if tweak:
+        with torch.no_grad(): m.transformer_blocks[1].attn.to_q.weight[0, 0] += 0.05
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, S_IMG, C, generator=g).to(dtype); ctx = torch.randn(1, S_TXT, D, generator=g).to(dtype)
+    ids = torch.zeros(S_IMG + S_TXT, 3, dtype=dtype); sig = torch.tensor([1.0, 0.5, 0.0], dtype=dtype)
+    gd = torch.tensor([3.5], dtype=dtype)
+    with FluxDumper(path, m, config=Toy.config, compress=True) as d, torch.no_grad():
+        d.write_inputs(hidden_states=x, encoder_hidden_states=ctx, guidance=gd, sigmas=sig, timesteps=sig[:2])
+        for i in range(2):
+            with d.step(i, timestep=sig[i], sigma=sig[i], sigma_next=sig[i + 1]):
+                d.record("latents_in", x)
+                v = m(x, ctx, sig[i:i + 1], gd, ids)[0]
+                x = x + (sig[i + 1] - sig[i]) * v
+                d.record("latents_out", x)
+        d.final(x)
+
+run(f"{T}/t32.h5", torch.float32); run(f"{T}/t64.h5", torch.float64); run(f"{T}/tweak.h5", torch.float32, tweak=True)
+f = h5py.File(f"{T}/t32.h5")
+assert f.attrs["format"] == "flux-dump" and f.attrs["version"] == 1 and f.attrs["dtype"] == "float32"
+order = list(f["step_0000"].attrs["order"])
+print("order:", order)
+assert order[0] == "latents_in" and order[-1] == "latents_out"
+for n in ["time_text_embed.time_proj", "time_text_embed.time_proj@1", "pos_embed#0", "pos_embed#1",
+          "transformer_blocks.0.norm1#0", "transformer_blocks.0.norm1#2", "transformer_blocks.0#0",
+          "transformer_blocks.1#1", "transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.attn.to_out.1", "proj_out"]:
+    assert n in order and n in f["step_0000"], n
+assert "transformer_blocks.0.norm1#1" not in order, "None element stored"
+assert not any(n in ("transformer_blocks", "transformer_blocks.0.attn.to_out", "") for n in order), "container stored"
+# execution order: time_proj before time_proj@1 before the timestep embedder's second half; blocks in order
+assert order.index("time_text_embed.time_proj") < order.index("time_text_embed.timestep_embedder.linear_1") < order.index("time_text_embed.time_proj@1")
+assert order.index("transformer_blocks.0#1") < order.index("transformer_blocks.1.norm1.silu")
+s0 = f["step_0000"]
+assert s0["transformer_blocks.0.attn.to_out.1"].id == s0["transformer_blocks.0.attn.to_out.0"].id, "identity output not hard-linked"
+assert f["step_0001"]["pos_embed#0"].id == s0["pos_embed#0"].id, "pos_embed not linked across steps"
+assert s0["transformer_blocks.0.attn.to_q"].compression == "gzip" and s0["transformer_blocks.0.norm1.linear"].compression is None
+print(len(order), "datasets in step 0")
+PY
+then ok "torch_dump.py writes the format's names, order, hard links"; else bad "torch_dump.py output"; fi
+
+if "$OR" stats -q "$T/t32.h5" >"$T/out" 2>&1 && grep -q FINITE "$T/out"; then ok "flux-oracle stats reads the torch dump"; else bad "stats: $(cat "$T/out")"; fi
+if "$OR" diff -q "$T/t32.h5" "$T/t64.h5" >"$T/out" 2>&1; then ok "torch float32 vs float64 dump: $(cat "$T/out")"; else bad "fp32 vs fp64: $(cat "$T/out")"; fi
+"$OR" diff -q "$T/tweak.h5" "$T/t32.h5" >"$T/out" 2>&1; rc=$?
+if [ $rc -eq 1 ] && grep -q "DIVERGE at step 0 transformer_blocks.1.attn.to_q:" "$T/out"; then ok "changed weight: first divergence at the module that owns it"; else bad "tweak: rc=$rc $(cat "$T/out")"; fi
+rm -rf "$T"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
