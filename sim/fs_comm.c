@@ -6,6 +6,21 @@
 #include <string.h>
 
 static fs_group world;
+static fs_comm_stats stats;
+
+static void count(fs_comm_kind k, int64_t bytes)
+{
+    stats.calls[k]++;
+    stats.bytes[k] += bytes;
+}
+
+void fs_comm_stats_get(fs_comm_stats *s) { *s = stats; }
+void fs_comm_stats_reset(void) { memset(&stats, 0, sizeof stats); }
+const char *fs_comm_kind_name(fs_comm_kind k)
+{
+    static const char *const n[] = {"allreduce", "alltoallv", "allgatherv", "ring p2p", "bcast", "gather"};
+    return k < FS_COMM_NKINDS ? n[k] : "?";
+}
 static int inited, we_initialised;
 
 #define COMM(g) (*(MPI_Comm *)(g)->h)
@@ -82,6 +97,7 @@ void fs_allreduce_sum(const fs_group *g, fs_dtype dt, void *buf, int64_t n)
 {
     if (g->size == 1) return;
     size_t es = fs_dtype_size(dt);
+    count(FS_COMM_ALLREDUCE, n * (int64_t)es);
     for (int64_t o = 0; o < n; o += CHUNK) {
         int m = (int)(n - o < CHUNK ? n - o : CHUNK);
         MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)o * es, m, mpi_type(dt), MPI_SUM, COMM(g));
@@ -102,6 +118,7 @@ void fs_allreduce_max_double(const fs_group *g, double *buf, int n)
 
 void fs_bcast(const fs_group *g, int root, void *buf, size_t bytes)
 {
+    if (g->rank == root && g->size > 1) count(FS_COMM_BCAST, (int64_t)bytes);
     for (size_t o = 0; o < bytes; o += (size_t)CHUNK) {
         size_t m = bytes - o < (size_t)CHUNK ? bytes - o : (size_t)CHUNK;
         MPI_Bcast((char *)buf + o, (int)m, MPI_BYTE, root, COMM(g));
@@ -122,6 +139,7 @@ void fs_allgatherv(const fs_group *g, fs_dtype dt, const void *send, int64_t n, 
                    const int64_t *displs)
 {
     int *c = to_int(counts, g->size), *d = to_int(displs, g->size);
+    if (g->size > 1) count(FS_COMM_ALLGATHER, n * (int64_t)fs_dtype_size(dt));
     MPI_Allgatherv(send, (int)n, mpi_type(dt), recv, c, d, mpi_type(dt), COMM(g));
     free(c);
     free(d);
@@ -132,6 +150,10 @@ void fs_alltoallv(const fs_group *g, fs_dtype dt, const void *send, const int64_
 {
     int *sc = to_int(scounts, g->size), *sd = to_int(sdispls, g->size);
     int *rc = to_int(rcounts, g->size), *rd = to_int(rdispls, g->size);
+    int64_t sent = 0;
+    for (int r = 0; r < g->size; r++)
+        if (r != g->rank) sent += scounts[r];
+    count(FS_COMM_ALLTOALL, sent * (int64_t)fs_dtype_size(dt));
     MPI_Alltoallv(send, sc, sd, mpi_type(dt), recv, rc, rd, mpi_type(dt), COMM(g));
     free(sc);
     free(sd);
@@ -147,9 +169,15 @@ void fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, 
         c = to_int(counts, g->size);
         d = to_int(displs, g->size);
     }
+    if (g->rank != root) count(FS_COMM_GATHER, n);
     MPI_Gatherv(send, (int)n, MPI_BYTE, recv, c, d, MPI_BYTE, root, COMM(g));
     free(c);
     free(d);
+}
+
+void fs_allgather_bytes(const fs_group *g, const void *send, size_t bytes, void *recv)
+{
+    MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, COMM(g));
 }
 
 void fs_gather_bytes(const fs_group *g, int root, const void *send, size_t bytes, void *recv)
@@ -161,6 +189,7 @@ void fs_ring_start(const fs_group *g, fs_dtype dt, const void *send, int64_t n, 
                    int src, int tag, fs_ring_req *req)
 {
     MPI_Request *r = malloc(2 * sizeof(MPI_Request));
+    count(FS_COMM_RING_P2P, n * (int64_t)fs_dtype_size(dt));
     MPI_Irecv(recv, (int)m, mpi_type(dt), src, tag, COMM(g), &r[0]);
     MPI_Isend(send, (int)n, mpi_type(dt), dst, tag, COMM(g), &r[1]);
     req->r[0] = r;

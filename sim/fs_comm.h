@@ -45,6 +45,8 @@ void fs_alltoallv(const fs_group *g, fs_dtype dt, const void *send, const int64_
 /* Gather bytes to root: root receives counts[r] bytes at displs[r] (counts/displs only used at root). */
 void fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, void *recv, const int64_t *counts,
                       const int64_t *displs);
+/* Every rank gets every rank's fixed-size record (recv: size*bytes). */
+void fs_allgather_bytes(const fs_group *g, const void *send, size_t bytes, void *recv);
 /* Gather a fixed-size record of `bytes` from every rank to root (recv: size*bytes at root). */
 void fs_gather_bytes(const fs_group *g, int root, const void *send, size_t bytes, void *recv);
 
@@ -60,6 +62,25 @@ void fs_ring_wait(fs_ring_req *req);
 /* Stops the whole job with this exit code: for an error on one rank in the middle of a
  * collective sequence, where waiting for agreement would hang the others. */
 _Noreturn void fs_comm_abort(int code);
+
+/* Bytes this rank sent per kind of collective since the last reset: how docs/parallel.md's
+ * communication table is checked against the code (flux-sim --comm-stats). */
+typedef enum fs_comm_kind {
+    FS_COMM_ALLREDUCE = 0, /* TP row-parallel partial sums */
+    FS_COMM_ALLTOALL,      /* Ulysses head/sequence exchange */
+    FS_COMM_ALLGATHER,     /* ring K/V (allgather rotation), final latents */
+    FS_COMM_RING_P2P,      /* ring K/V (p2p rotation) */
+    FS_COMM_BCAST,         /* setup and --check verdicts */
+    FS_COMM_GATHER,        /* --check / dump assembly on rank 0 */
+    FS_COMM_NKINDS
+} fs_comm_kind;
+typedef struct fs_comm_stats {
+    int64_t calls[FS_COMM_NKINDS];
+    int64_t bytes[FS_COMM_NKINDS]; /* payload this rank sent (allreduce: its buffer size) */
+} fs_comm_stats;
+void fs_comm_stats_get(fs_comm_stats *s);
+void fs_comm_stats_reset(void);
+const char *fs_comm_kind_name(fs_comm_kind k);
 
 /* FNV-1a 64 of bytes: the cheap fingerprint replicated tensors exchange. */
 uint64_t fs_hash_bytes(const void *p, size_t n);

@@ -4,7 +4,9 @@
  * Exit codes, the same on every rank: 0 success (and --check agrees), 1 --check found a
  * divergence, 2 usage or input error (one line on stderr naming file, tensor and cause; no
  * output file left behind). */
+#include <errno.h>
 #include <getopt.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,10 +63,15 @@ static void usage(FILE *f)
             "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
             "                        same weights and inputs (computed in this job, or a saved single-rank\n"
             "                        dump); stop at the first divergence and say where and which ranks\n"
+            "  --comm-stats          print, per rank, the calls and bytes of every collective of the sampling\n"
+            "                        loop (the numbers docs/parallel.md's communication table predicts)\n"
             "  --rtol X, --rtol-max X  --check tolerances (relative L2; max|d|/max|ref|) [by precision]\n"
             "\n"
             "Output:\n"
             "  --dump OUT.h5         write every module output of every step (flux-dump v1)\n"
+            "  --dump-per-rank DIR   also write DIR/rank_<r>.h5 per rank: its local view (replicated tensors in\n"
+            "                        full, shards as held) with the `parallel` attribute (rank, sharding), for\n"
+            "                        flux-oracle consistency\n"
             "  --dump-compress L     shuffle+deflate level 0-9 for the dump [0: none; 1 saves ~20%% of disk\n"
             "                        and writes ~7x slower]\n"
             "  --threads N           OpenBLAS threads [OpenBLAS default]\n"
@@ -77,8 +84,8 @@ static void usage(FILE *f)
 }
 
 typedef struct opts {
-    const char *config, *weights, *inputs, *dump, *precision, *scheduler, *plan, *check_ref, *rotate;
-    int tp, ulysses, ring, check;
+    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate;
+    int tp, ulysses, ring, check, comm_stats;
     double rtol, rtol_max;
     uint64_t weights_seed;
     fs_gen_params gen;
@@ -109,7 +116,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX };
+           O_RTOLMAX, O_DPR, O_CSTATS };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -123,7 +130,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"ring", required_argument, 0, O_RING},       {"ring-rotate", required_argument, 0, O_ROT},
         {"plan", required_argument, 0, O_PLAN},       {"print-plan", no_argument, 0, O_PPLAN},
         {"check", optional_argument, 0, O_CHECK},     {"rtol", required_argument, 0, O_RTOL},
-        {"rtol-max", required_argument, 0, O_RTOLMAX},
+        {"rtol-max", required_argument, 0, O_RTOLMAX}, {"dump-per-rank", required_argument, 0, O_DPR},
+        {"comm-stats", no_argument, 0, O_CSTATS},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -159,6 +167,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         }
         case O_SCHED: o->scheduler = optarg; o->gen_opt_given = 1; break;
         case O_DUMP: o->dump = optarg; break;
+        case O_DPR: o->dump_per_rank = optarg; break;
+        case O_CSTATS: o->comm_stats = 1; break;
         case O_THREADS: rc = parse_int(optarg, "--threads", 1, &o->threads, e); break;
         case O_COMPRESS:
             rc = parse_int(optarg, "--dump-compress", 0, &o->compress, e);
@@ -211,6 +221,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 
 typedef struct sink {
     fs_dump *dump;        /* rank 0 only */
+    fs_dump *local;       /* --dump-per-rank: this rank's file */
+    cJSON *local_sharding;
     fs_check *check;
     const fs_par *par;
     int gather;           /* parallel run: gather every tensor to rank 0 before dumping */
@@ -228,27 +240,30 @@ static int sink_begin(void *ctx, int step, double t, double sg, double sn, fs_er
         rc = h.begin_step(h.ctx, step, t, sg, sn, e);
     }
     if (!rc && k->dump) rc = fs_dump_begin_step(k->dump, step, t, sg, sn, e);
+    if (!rc && k->local) rc = fs_dump_begin_step(k->local, step, t, sg, sn, e);
     return rc;
 }
 
 static int sink_end(void *ctx, int step, fs_err *e)
 {
     sink *k = ctx;
-    return k->dump ? fs_dump_end_step(k->dump, e) : FS_OK;
+    int rc = k->dump ? fs_dump_end_step(k->dump, e) : FS_OK;
+    if (!rc && k->local) rc = fs_dump_end_step(k->local, e);
+    return rc;
 }
 
 /* flux-dump `sharding` entry of one dataset from every rank's piece. */
-static cJSON *sharding_json(const fs_gathered *g)
+static cJSON *sharding_json(const fs_piece *pieces, int world)
 {
-    const fs_piece *p0 = &g->pieces[0];
+    const fs_piece *p0 = &pieces[0];
     if (p0->sh.ndims == 0) return cJSON_CreateString("replicated");
     cJSON *dims = cJSON_CreateArray();
     for (int k = 0; k < p0->sh.ndims; k++) {
         cJSON *o = cJSON_CreateObject(), *ranges = cJSON_CreateArray();
         cJSON_AddNumberToObject(o, "dim", p0->sh.d[k].dim);
-        for (int r = 0; r < g->world; r++) {
+        for (int r = 0; r < world; r++) {
             cJSON *rr = cJSON_CreateArray();
-            const fs_shard_dim *d = &g->pieces[r].sh.d[k];
+            const fs_shard_dim *d = &pieces[r].sh.d[k];
             for (int i = 0; i < d->n; i++) {
                 double iv[2] = {(double)d->iv[i][0], (double)d->iv[i][1]};
                 cJSON_AddItemToArray(rr, cJSON_CreateDoubleArray(iv, 2));
@@ -276,6 +291,17 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs
         fs_recorder r = fs_check_recorder(k->check);
         if ((rc = r.fn(r.ctx, name, t, sh, e))) return rc;
     }
+    if (k->local) { /* this rank's view; at step 0 learn every rank's piece for the sharding map */
+        if ((rc = fs_dump_record(k->local, name, t, e))) fs_comm_abort(2);
+        if (k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->local_sharding, name)) {
+            fs_piece mine = {.ndim = t->ndim}, *all = calloc((size_t)k->par->world, sizeof *all);
+            memcpy(mine.shape, t->shape, sizeof mine.shape);
+            if (sh) mine.sh = *sh;
+            fs_allgather_bytes(k->par->g_world, &mine, sizeof mine, all);
+            cJSON_AddItemToObject(k->local_sharding, name, sharding_json(all, k->par->world));
+            free(all);
+        }
+    }
     if (!k->gather) return k->dump ? fs_dump_record(k->dump, name, t, e) : FS_OK;
     fs_gathered g;
     rc = fs_gather_to_root(k->par->g_world, t, sh, &g, e);
@@ -283,7 +309,7 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs
         if (g.problem) rc = fs_errf(e, FS_E_INTERNAL, "%s: cannot assemble the global tensor: %s", name, g.detail);
         else rc = fs_dump_record(k->dump, name, &g.global, e);
         if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
-            cJSON_AddItemToObject(k->sharding, name, sharding_json(&g));
+            cJSON_AddItemToObject(k->sharding, name, sharding_json(g.pieces, g.world));
     }
     fs_gathered_free(&g);
     /* a failed write on rank 0 must stop every rank at the same record */
@@ -321,7 +347,7 @@ static int run(const opts *o, fs_err *e)
     fs_config cfg;
     fs_inputs in = {0};
     fs_weights w = {0};
-    fs_dump *dump = NULL;
+    fs_dump *dump = NULL, *local = NULL;
     fs_tensor lat = {0};
     fs_plan plan = {0};
     fs_par par = {0};
@@ -378,6 +404,17 @@ static int run(const opts *o, fs_err *e)
             !(rc = fs_dump_write_inputs(dump, &in, e)))
             rc = fs_dump_set_attr_string(dump, "weights", w.source, e);
     }
+    if (!rc && o->dump_per_rank) {
+        char path[1024], producer[256];
+        if (mkdir(o->dump_per_rank, 0777) && errno != EEXIST)
+            rc = fs_errf(e, FS_E_IO, "%s: cannot create directory: %s", o->dump_per_rank, strerror(errno));
+        snprintf(path, sizeof path, "%s/rank_%d.h5", o->dump_per_rank, world->rank);
+        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s), rank %d local view", FLUX_SIM_VERSION,
+                 fs_dtype_name(dt), world->rank);
+        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, producer, e)) &&
+            !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
+            rc = fs_dump_set_attr_string(local, "weights", w.source, e);
+    }
     if (o->check) {
         fs_check_tol tol = fs_check_default_tol(dt);
         if (o->rtol > 0) tol.rtol = o->rtol;
@@ -411,12 +448,28 @@ static int run(const opts *o, fs_err *e)
 
     /* 6. the run in this layout */
     fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .par = &par};
-    sk = (sink){.dump = dump, .check = check, .par = &par, .gather = world->size > 1, .sharding = cJSON_CreateObject()};
-    if (dump || check) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
+    /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
+     * collective that one rank skips is a hang */
+    const int recording = o->dump || o->dump_per_rank || check;
+    sk = (sink){.dump = dump, .local = local, .check = check, .par = &par, .gather = world->size > 1 && (o->dump || check),
+                .sharding = cJSON_CreateObject(), .local_sharding = cJSON_CreateObject()};
+    if (recording) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
     fs_step_hooks hooks = {.begin_step = sink_begin, .end_step = sink_end, .ctx = &sk};
     t0 = now();
+    fs_comm_stats_reset();
     rc = fs_sample(&m, &in, &hooks, &lat, e);
     double t_run = now() - t0;
+    if (o->comm_stats && (rc == FS_OK || rc == FS_DIVERGED)) {
+        fs_comm_stats cs;
+        fs_comm_stats_get(&cs);
+        char line[512];
+        size_t n = (size_t)snprintf(line, sizeof line, "comm-stats rank %d:", world->rank);
+        for (int k = 0; k < FS_COMM_NKINDS; k++)
+            n += (size_t)snprintf(line + n, sizeof line - n, " %s %lld/%lld", fs_comm_kind_name((fs_comm_kind)k),
+                                  (long long)cs.calls[k], (long long)cs.bytes[k]);
+        printf("%s (calls/bytes sent)\n", line);
+        fflush(stdout);
+    }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
     /* an error inside the forward (not a divergence) may have hit one rank only, in the middle of
      * a collective sequence: agreeing would hang, so the failing rank ends the job */
@@ -425,6 +478,24 @@ static int run(const opts *o, fs_err *e)
         fs_comm_abort(2);
     }
     if (rc) goto out;
+    if (local) {
+        cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
+        cJSON_AddNumberToObject(pj, "world", world->size);
+        cJSON_AddNumberToObject(pj, "rank", world->rank);
+        cJSON_AddNumberToObject(mesh, "tp", tp);
+        cJSON_AddNumberToObject(mesh, "ulysses", uly);
+        cJSON_AddNumberToObject(mesh, "ring", ring);
+        cJSON_AddItemToObject(pj, "mesh", mesh);
+        cJSON_AddItemToObject(pj, "sharding", sk.local_sharding);
+        sk.local_sharding = NULL;
+        char *js = cJSON_PrintUnformatted(pj);
+        rc = fs_dump_set_attr_string(local, "parallel", js, e);
+        free(js);
+        cJSON_Delete(pj);
+        if (!rc) rc = fs_dump_write_final(local, &lat, e);
+        if (!rc) rc = fs_dump_close(local, e);
+        local = NULL;
+    }
     if (dump) {
         if (world->size > 1) {
             cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
@@ -464,7 +535,9 @@ out:
     if (check && root && (rc == FS_OK || rc == FS_DIVERGED)) fputs(fs_check_report(check), rc ? stderr : stdout);
     if (check && rc == FS_OK && fs_check_diverged(check)) rc = FS_DIVERGED;
     fs_dump_abort(dump);
+    fs_dump_abort(local);
     cJSON_Delete(sk.sharding);
+    cJSON_Delete(sk.local_sharding);
     fs_check_free(check);
     fs_tensor_free(&lat);
     fs_weights_free(&w);
