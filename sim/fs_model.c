@@ -120,11 +120,22 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     const fs_tensor *W = fs_weights_get(c->m->w, fmt_name(wn, sizeof wn, "%s.weight", name));
     const fs_tensor *b = fs_weights_get(c->m->w, fmt_name(bn, sizeof bn, "%s.bias", name));
     if (!W || !b) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", W ? bn : wn);
-    const int64_t K = W->shape[1], N = W->shape[0], T = c->tp, t = c->tp_rank;
+    const int64_t T = c->tp, t = c->tp_rank;
     const int64_t Kx = x->shape[x->ndim - 1], M = fs_tensor_numel(x) / (Kx ? Kx : 1);
     const size_t es = fs_dtype_size(c->dt);
     int64_t widths[2] = {0, 0};
     fs_tp_style style = T > 1 ? fs_plan_lookup(c->par->plan, &c->m->cfg, name, widths, NULL) : FS_TP_REPLICATE;
+    /* pre: the weights hold only this rank's shard (fs_weights_shard); else full weights are
+     * sliced here. Either way the global shape is the parameter's. */
+    const int pre = c->m->w->tp > 1 && style != FS_TP_REPLICATE;
+    if (c->m->w->tp > 1 && (c->m->w->tp != T || c->m->w->tp_rank != t))
+        return fs_errf(c->e, FS_E_INTERNAL, "%s: weights are shard %d/%d but this rank is %lld/%lld", name,
+                       c->m->w->tp_rank, c->m->w->tp, (long long)t, (long long)T);
+    const int64_t N = pre && style == FS_TP_COLWISE ? W->shape[0] * T : W->shape[0];
+    const int64_t K = pre && style == FS_TP_ROWWISE ? W->shape[1] * T
+                      : pre && style == FS_TP_PACKED_ROWWISE ? widths[0] + widths[1]
+                                                               : W->shape[1];
+    const int64_t ldw = W->shape[1]; /* row stride of the weight as stored */
     char s1[64], s2[64];
     int64_t Ny = style == FS_TP_COLWISE ? N / T : N;
     if (style == FS_TP_COLWISE && N % T)
@@ -148,23 +159,29 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     const char *Wd = W->data, *bd = b->data;
     switch (style) {
     case FS_TP_REPLICATE:
-        c->be->gemm(c->dt, 1, M, N, K, 1.0, x->data, K, Wd, K, 0.0, y->data, N);
+        c->be->gemm(c->dt, 1, M, N, K, 1.0, x->data, K, Wd, ldw, 0.0, y->data, N);
         c->be->add_bias(y, bd, N);
         break;
-    case FS_TP_COLWISE:
-        c->be->gemm(c->dt, 1, M, Ny, K, 1.0, x->data, K, Wd + (size_t)(t * Ny * K) * es, K, 0.0, y->data, Ny);
-        c->be->add_bias(y, bd + (size_t)(t * Ny) * es, Ny);
+    case FS_TP_COLWISE: /* rows [t·N/T, (t+1)·N/T) of W and b */
+        if (!pre) {
+            Wd += (size_t)(t * Ny * K) * es;
+            bd += (size_t)(t * Ny) * es;
+        }
+        c->be->gemm(c->dt, 1, M, Ny, K, 1.0, x->data, K, Wd, ldw, 0.0, y->data, Ny);
+        c->be->add_bias(y, bd, Ny);
         break;
-    case FS_TP_ROWWISE:
-        c->be->gemm(c->dt, 1, M, N, Kx, 1.0, x->data, Kx, Wd + (size_t)(t * Kx) * es, K, 0.0, y->data, N);
+    case FS_TP_ROWWISE: /* columns [t·K/T, (t+1)·K/T) of W; partial sums; bias once */
+        if (!pre) Wd += (size_t)(t * Kx) * es;
+        c->be->gemm(c->dt, 1, M, N, Kx, 1.0, x->data, Kx, Wd, ldw, 0.0, y->data, N);
         fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
         c->be->add_bias(y, bd, N);
         break;
-    case FS_TP_PACKED_ROWWISE: {
+    case FS_TP_PACKED_ROWWISE: { /* columns t·A/T.. and A + t·B/T..: in a shard, adjacent */
         const int64_t a = widths[0] / T, bw = widths[1] / T;
-        c->be->gemm(c->dt, 1, M, N, a, 1.0, x->data, Kx, Wd + (size_t)(t * a) * es, K, 0.0, y->data, N);
-        c->be->gemm(c->dt, 1, M, N, bw, 1.0, (const char *)x->data + (size_t)a * es, Kx,
-                    Wd + (size_t)(widths[0] + t * bw) * es, K, 1.0, y->data, N);
+        const char *Wa = pre ? Wd : Wd + (size_t)(t * a) * es, *Wb = pre ? Wd + (size_t)a * es
+                                                                       : Wd + (size_t)(widths[0] + t * bw) * es;
+        c->be->gemm(c->dt, 1, M, N, a, 1.0, x->data, Kx, Wa, ldw, 0.0, y->data, N);
+        c->be->gemm(c->dt, 1, M, N, bw, 1.0, (const char *)x->data + (size_t)a * es, Kx, Wb, ldw, 1.0, y->data, N);
         fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
         c->be->add_bias(y, bd, N);
         break;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "fs_plan.h"
 #include "fs_rng.h"
 
 int fs_weights_init_empty(fs_weights *w, const fs_config *c, fs_dtype dt, fs_err *e)
@@ -13,6 +14,7 @@ int fs_weights_init_empty(fs_weights *w, const fs_config *c, fs_dtype dt, fs_err
     memset(w, 0, sizeof *w);
     w->cfg = *c;
     w->dtype = dt;
+    w->tp = 1;
     w->desc = fs_config_params(c, &w->n);
     if (!w->desc) return fs_errf(e, FS_E_NOMEM, "out of memory building the parameter list");
     w->t = calloc((size_t)w->n, sizeof *w->t);
@@ -38,6 +40,55 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
     return 0;
 }
 
+int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_config *c, int T, int t, fs_wshard *s,
+                        fs_err *e)
+{
+    const int64_t N = d->shape[0], K = d->ndim == 2 ? d->shape[1] : 1;
+    *s = (fs_wshard){.sharded = 0, .r0 = 0, .r1 = N, .nc = 1, .c = {{0, K}}};
+    if (T <= 1 || d->kind == FS_PARAM_RMS_W) return FS_OK;
+    char module[128];
+    snprintf(module, sizeof module, "%s", d->name);
+    char *dot = strrchr(module, '.'); /* strip .weight / .bias */
+    if (dot) *dot = 0;
+    int64_t widths[2];
+    switch (fs_plan_lookup(plan, c, module, widths, NULL)) {
+    case FS_TP_REPLICATE: return FS_OK;
+    case FS_TP_COLWISE: /* output rows; the bias follows them */
+        if (N % T) return fs_errf(e, FS_E_INPUT, "%s: %lld rows not divisible by tp %d", d->name, (long long)N, T);
+        s->r0 = t * (N / T);
+        s->r1 = (t + 1) * (N / T);
+        s->sharded = 1;
+        return FS_OK;
+    case FS_TP_ROWWISE: /* input columns; the bias is added once, after the all-reduce: whole */
+        if (d->kind == FS_PARAM_BIAS) return FS_OK;
+        if (K % T) return fs_errf(e, FS_E_INPUT, "%s: %lld columns not divisible by tp %d", d->name, (long long)K, T);
+        s->c[0][0] = t * (K / T);
+        s->c[0][1] = (t + 1) * (K / T);
+        s->sharded = 1;
+        return FS_OK;
+    case FS_TP_PACKED_ROWWISE:
+        if (d->kind == FS_PARAM_BIAS) return FS_OK;
+        if (widths[0] + widths[1] != K || widths[0] % T || widths[1] % T)
+            return fs_errf(e, FS_E_INPUT, "%s: packed_rowwise widths %lld,%lld do not split %lld columns over tp %d",
+                           d->name, (long long)widths[0], (long long)widths[1], (long long)K, T);
+        s->nc = 2;
+        s->c[0][0] = t * (widths[0] / T);
+        s->c[0][1] = (t + 1) * (widths[0] / T);
+        s->c[1][0] = widths[0] + t * (widths[1] / T);
+        s->c[1][1] = widths[0] + (t + 1) * (widths[1] / T);
+        s->sharded = 1;
+        return FS_OK;
+    }
+    return FS_OK;
+}
+
+static int64_t shard_cols(const fs_wshard *s)
+{
+    int64_t n = 0;
+    for (int i = 0; i < s->nc; i++) n += s->c[i][1] - s->c[i][0];
+    return n;
+}
+
 /* Generates in blocks through fs_rng_normal_fill (two normals per Box-Muller pair); the values
  * are exactly fs_weights_synthetic_value's. */
 static int fill_synthetic(fs_tensor *t, const fs_param_desc *d, uint64_t seed, fs_err *e)
@@ -57,6 +108,91 @@ static int fill_synthetic(fs_tensor *t, const fs_param_desc *d, uint64_t seed, f
         }
     }
     (void)e;
+    return FS_OK;
+}
+
+/* Rank's shard of a synthetic parameter: row by row, each column interval a contiguous run of
+ * the full tensor's element indices. */
+static int fill_synthetic_shard(fs_tensor *t, const fs_param_desc *d, const fs_wshard *sh, uint64_t seed, fs_err *e)
+{
+    const uint64_t key = fs_rng_key(seed, d->name);
+    const int64_t K = d->ndim == 2 ? d->shape[1] : 1, w = shard_cols(sh);
+    double *buf = malloc(sizeof(double) * (size_t)(w ? w : 1));
+    if (!buf) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    for (int64_t r = sh->r0; r < sh->r1; r++) {
+        int64_t o = 0;
+        for (int i = 0; i < sh->nc; i++) {
+            int64_t len = sh->c[i][1] - sh->c[i][0];
+            fs_rng_normal_fill(key, (uint64_t)(r * K + sh->c[i][0]), len, buf + o);
+            o += len;
+        }
+        for (int64_t k = 0; k < w; k++) {
+            double z = buf[k], v = d->kind == FS_PARAM_LINEAR_W ? z / sqrt((double)K) : d->kind == FS_PARAM_BIAS ? 0.05 * z : 1.0 + 0.1 * z;
+            fs_tensor_set(t, (r - sh->r0) * w + k, v);
+        }
+    }
+    free(buf);
+    return FS_OK;
+}
+
+int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, const fs_plan *plan, int T,
+                               int t, fs_err *e)
+{
+    if (T <= 1) return fs_weights_synthetic(w, c, dt, seed, e);
+    int rc = fs_weights_init_empty(w, c, dt, e);
+    if (rc) return rc;
+    w->tp = T;
+    w->tp_rank = t;
+    snprintf(w->source, sizeof w->source, "synthetic seed %llu, tp shard %d/%d", (unsigned long long)seed, t, T);
+    for (int i = 0; i < w->n; i++) {
+        const fs_param_desc *d = &w->desc[i];
+        fs_wshard sh;
+        int64_t shape[2];
+        if ((rc = fs_weights_shard_of(d, plan, c, T, t, &sh, e))) break;
+        shape[0] = sh.r1 - sh.r0;
+        shape[1] = shard_cols(&sh);
+        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) break;
+        if ((rc = fill_synthetic_shard(&w->t[i], d, &sh, seed, e))) break;
+    }
+    if (rc) fs_weights_free(w);
+    return rc;
+}
+
+int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, fs_err *e)
+{
+    if (T <= 1) return FS_OK;
+    if (w->tp != 1) return fs_errf(e, FS_E_INTERNAL, "weights already sharded");
+    const size_t es = fs_dtype_size(w->dtype);
+    for (int i = 0; i < w->n; i++) {
+        const fs_param_desc *d = &w->desc[i];
+        fs_wshard sh;
+        int rc = fs_weights_shard_of(d, plan, &w->cfg, T, t, &sh, e);
+        if (rc) return rc;
+        if (!sh.sharded) continue;
+        fs_tensor *full = &w->t[i], part;
+        const int64_t K = d->ndim == 2 ? d->shape[1] : 1, cols = shard_cols(&sh);
+        if (cols == K && !full->owns) { /* a row range of a view: still a view */
+            part = fs_tensor_rows(full, sh.r0, sh.r1 - sh.r0);
+        } else {
+            int64_t shape[2] = {sh.r1 - sh.r0, cols};
+            if ((rc = fs_tensor_alloc(&part, w->dtype, d->ndim, shape, e))) return rc;
+            for (int64_t r = sh.r0; r < sh.r1; r++) {
+                int64_t o = 0;
+                for (int k = 0; k < sh.nc; k++) {
+                    int64_t len = sh.c[k][1] - sh.c[k][0];
+                    memcpy((char *)part.data + (size_t)((r - sh.r0) * cols + o) * es,
+                           (const char *)full->data + (size_t)(r * K + sh.c[k][0]) * es, (size_t)len * es);
+                    o += len;
+                }
+            }
+        }
+        fs_tensor_free(full);
+        *full = part;
+    }
+    w->tp = T;
+    w->tp_rank = t;
+    size_t n = strlen(w->source);
+    snprintf(w->source + n, sizeof w->source - n, ", tp shard %d/%d", t, T);
     return FS_OK;
 }
 

@@ -25,6 +25,8 @@ typedef struct fs_weights {
     fs_mapping *maps;     /* mmap'd files to munmap in fs_weights_free */
     int nmaps;
     char source[512];     /* "synthetic seed 0" or the path loaded */
+    int tp, tp_rank;      /* tp == 1: full tensors; tp > 1: t[i] is rank tp_rank's shard of every
+                             Linear the TP plan splits (fs_weights_shard), the rest in full */
 } fs_weights;
 
 /* Synthetic weights with the magnitudes of ../shared/reference/README.md: Linear weight
@@ -39,6 +41,25 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
  * a *.safetensors.index.json, or a directory containing either. Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
+
+/* Which part of parameter `d` TP rank t of T holds under `plan`: rows [r0, r1) and the column
+ * intervals (1 or 2; packed_rowwise has 2). sharded == 0: the whole tensor. */
+typedef struct fs_wshard {
+    int sharded;
+    int64_t r0, r1;
+    int nc;
+    int64_t c[2][2];
+} fs_wshard;
+struct fs_plan;
+int fs_weights_shard_of(const fs_param_desc *d, const struct fs_plan *plan, const fs_config *c, int T, int t,
+                        fs_wshard *s, fs_err *e);
+/* Synthetic weights, only rank t's shard of each plan-split Linear (bit-identical to the same
+ * elements of the full tensors: the RNG is addressed by element). */
+int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed,
+                               const struct fs_plan *plan, int T, int t, fs_err *e);
+/* Cut full weights down to rank t's shards in place: colwise row slices of an mmap'd tensor stay
+ * views (no copy); column slices (rowwise, packed_rowwise) are copied. */
+int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, fs_err *e);
 
 /* Tensor by diffusers name, NULL if the config has no such parameter. */
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name);

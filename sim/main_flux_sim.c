@@ -390,9 +390,18 @@ static int run(const opts *o, fs_err *e)
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
 
-    /* 3. weights (every rank; mmap'd checkpoints are shared pages) */
+    /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
+     *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
+     *    keeps full weights when it runs the in-job single-rank reference of --check. */
     double t0 = now();
-    rc = o->weights ? fs_weights_load(&w, &cfg, dt, o->weights, e) : fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e);
+    const int full = tp == 1 || (root && o->check && !o->check_ref);
+    if (o->weights) {
+        rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
+        if (!rc && !full) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, e);
+    } else {
+        rc = full ? fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e)
+                  : fs_weights_synthetic_shard(&w, &cfg, dt, o->weights_seed, &plan, tp, par.tp_rank, e);
+    }
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 

@@ -106,6 +106,9 @@ for step in [k for k in g if k.startswith("step_")]:
 print(f"   {n} datasets x 4 ranks reassemble exactly")
 PY
 then ok "--dump-per-rank (odd, tp 2 x ring 2): local views + sharding map == global dump"; else bad "--dump-per-rank"; fi
+# that run had no --check, so every rank (rank 0 too) ran on its TP weight shard only
+if compare "$T/global.h5" "$ref/odd/dump_fp64.h5" 1e-4 >"$T/cmp" 2>&1; then ok "all ranks on weight shards (no --check): dump vs diffusers$(cat "$T/cmp")"
+else bad "sharded-weights run vs reference"; cat "$T/cmp"; fi
 rm -rf "$T"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -6,6 +6,7 @@
 
 #include "fo_dump.h"
 #include "fs_model.h"
+#include "fs_plan.h"
 #include "fs_rng.h"
 #include "fs_sampler.h"
 
@@ -441,6 +442,38 @@ static void test_synthetic_weights_addressable(void **s)
     fs_weights_free(&w);
 }
 
+/* Rank t's synthetic shard of every plan-split Linear equals the same elements of the full
+ * tensors cut by fs_weights_shard (colwise rows, rowwise columns, packed_rowwise column pairs). */
+static void test_synthetic_shards_equal_slices(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "odd", NULL);
+    fs_plan plan;
+    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
+    for (int T = 2; T <= 3; T++)
+        for (int t = 0; t < T; t++) {
+            fs_weights a, b;
+            fs_err e = {0};
+            assert_int_equal(fs_weights_synthetic_shard(&a, &c, FS_F64, 5, &plan, T, t, &e), 0);
+            assert_int_equal(fs_weights_synthetic(&b, &c, FS_F64, 5, &e), 0);
+            assert_int_equal(fs_weights_shard(&b, &plan, T, t, &e), 0);
+            int nsharded = 0;
+            for (int i = 0; i < a.n; i++) {
+                assert_int_equal(a.t[i].ndim, b.t[i].ndim);
+                for (int d = 0; d < a.t[i].ndim; d++) assert_int_equal(a.t[i].shape[d], b.t[i].shape[d]);
+                assert_memory_equal(a.t[i].data, b.t[i].data, fs_tensor_nbytes(&a.t[i]));
+                nsharded += fs_tensor_numel(&a.t[i]) < a.desc[i].shape[0] * (a.desc[i].ndim == 2 ? a.desc[i].shape[1] : 1);
+            }
+            /* the plan really split something: q/k/v, MLPs, out projections */
+            assert_true(nsharded > 20);
+            const fs_tensor *po = fs_weights_get(&a, "single_transformer_blocks.0.proj_out.weight");
+            assert_int_equal(po->shape[1], (96 + 384) / T); /* [attn cols | mlp cols] of rank t */
+            fs_weights_free(&a);
+            fs_weights_free(&b);
+        }
+    fs_plan_free(&plan);
+}
+
 static void test_config_errors(void **s)
 {
     fs_config c;
@@ -489,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_sched_schnell_4),
         cmocka_unit_test(test_sched_reference_exact),
         cmocka_unit_test(test_synthetic_weights_addressable),
+        cmocka_unit_test(test_synthetic_shards_equal_slices),
         cmocka_unit_test(test_config_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
