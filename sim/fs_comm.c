@@ -1,6 +1,7 @@
 /* fs_comm.c — the only file that includes mpi.h. */
 #include "fs_comm.h"
 
+#include <hdf5.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,11 @@ _Noreturn void fs_comm_abort(int code)
 {
     if (inited) MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);
+}
+
+int fs_comm_set_fapl_mpio(const fs_group *g, int64_t fapl)
+{
+    return H5Pset_fapl_mpio((hid_t)fapl, COMM(g), MPI_INFO_NULL) < 0 ? -1 : 0;
 }
 
 uint64_t fs_hash_bytes(const void *p, size_t n)

@@ -82,6 +82,10 @@ void fs_comm_stats_get(fs_comm_stats *s);
 void fs_comm_stats_reset(void);
 const char *fs_comm_kind_name(fs_comm_kind k);
 
+/* Makes an HDF5 file-access property list use MPI-IO over g (parallel HDF5): the one place the
+ * HDF5 writer needs the communicator, kept here so MPI stays in fs_comm.c. fapl is an hid_t. */
+int fs_comm_set_fapl_mpio(const fs_group *g, int64_t fapl);
+
 /* FNV-1a 64 of bytes: the cheap fingerprint replicated tensors exchange. */
 uint64_t fs_hash_bytes(const void *p, size_t n);
 

@@ -9,6 +9,8 @@
  * same format/version checks with the same messages. */
 #include "fs_dump.h"
 
+#include "fs_comm.h"
+
 #include "fo_dump.h"
 
 #include <errno.h>
@@ -47,7 +49,11 @@ struct fs_dump {
     int wrote_inputs, wrote_final;
     char **order;    /* dataset names of the open step, in recording order */
     int n_order, cap_order;
+    const fs_group *g; /* parallel HDF5 over g, or NULL */
 };
+
+/* In a parallel dump, does this rank write whole datasets (inputs, /final, fs_dump_record)? */
+static int writes_whole(const fs_dump *d) { return !d->g || d->g->rank == 0; }
 
 /* ---------- HDF5 helpers ---------- */
 
@@ -125,8 +131,54 @@ static hid_t mem_type(fs_dtype dt) { return dt == FS_F64 ? H5T_NATIVE_DOUBLE : H
 
 /* One dataset `name` in `loc` (group path `where`, for messages) holding t, stored as `stored`
  * (HDF5 converts when t's dtype differs). */
+static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
+                               fs_dtype stored, const fs_shard *sh, const int64_t *gshape, int write, fs_err *e);
 static int write_dataset(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
                          fs_dtype stored, fs_err *e)
+{
+    return write_dataset_piece(d, loc, where, name, t, stored, NULL, NULL, writes_whole(d), e);
+}
+
+/* File selection of a piece: the product of its intervals on the sharded axes, whole on the
+ * others (a union of up to 2x2 blocks). Returns 0 and the number of selected elements. */
+static int select_piece(hid_t space, int ndim, const hsize_t *dims, const fs_shard *sh, hsize_t *nsel)
+{
+    int n0 = 1, n1 = 1, a0 = -1, a1 = -1;
+    if (sh && sh->ndims > 0) {
+        a0 = sh->d[0].dim;
+        n0 = sh->d[0].n;
+    }
+    if (sh && sh->ndims > 1) {
+        a1 = sh->d[1].dim;
+        n1 = sh->d[1].n;
+    }
+    *nsel = 0;
+    int first = 1;
+    for (int i = 0; i < n0; i++)
+        for (int j = 0; j < n1; j++) {
+            hsize_t start[FS_MAX_DIMS] = {0}, count[FS_MAX_DIMS];
+            for (int k = 0; k < ndim; k++) count[k] = dims[k];
+            if (a0 >= 0) {
+                start[a0] = (hsize_t)sh->d[0].iv[i][0];
+                count[a0] = (hsize_t)(sh->d[0].iv[i][1] - sh->d[0].iv[i][0]);
+            }
+            if (a1 >= 0) {
+                start[a1] = (hsize_t)sh->d[1].iv[j][0];
+                count[a1] = (hsize_t)(sh->d[1].iv[j][1] - sh->d[1].iv[j][0]);
+            }
+            hsize_t n = 1;
+            for (int k = 0; k < ndim; k++) n *= count[k];
+            if (n == 0) continue;
+            if (H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, NULL, count, NULL) < 0) return -1;
+            first = 0;
+            *nsel += n;
+        }
+    if (first) return H5Sselect_none(space) < 0 ? -1 : 0;
+    return 0;
+}
+
+static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
+                               fs_dtype stored, const fs_shard *sh, const int64_t *gshape, int write, fs_err *e)
 {
     char cause[256];
     if (t->ndim < 1 || t->ndim > FS_MAX_DIMS)
@@ -134,7 +186,7 @@ static int write_dataset(fs_dump *d, hid_t loc, const char *where, const char *n
                          t->ndim, FS_MAX_DIMS);
     hsize_t dims[FS_MAX_DIMS], chunk[FS_MAX_DIMS];
     int64_t numel = fs_tensor_numel(t);
-    for (int i = 0; i < t->ndim; i++) chunk[i] = dims[i] = (hsize_t)t->shape[i];
+    for (int i = 0; i < t->ndim; i++) chunk[i] = dims[i] = (hsize_t)(gshape ? gshape[i] : t->shape[i]);
     if (numel > 0 && !t->data)
         return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor has no data", d->tmp, where, name);
 
@@ -164,7 +216,24 @@ static int write_dataset(fs_dump *d, hid_t loc, const char *where, const char *n
     if (H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0) goto h5fail;
     ds = H5Dcreate2(loc, name, file_type(stored), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (ds < 0) goto h5fail;
-    if (numel > 0 && H5Dwrite(ds, mem_type(t->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0) goto h5fail;
+    if (!gshape) {
+        if (write && numel > 0 && H5Dwrite(ds, mem_type(t->dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0) goto h5fail;
+    } else if (write && numel > 0) {
+        /* the local tensor's elements, in order, are the selection's elements in file order
+         * (row-major), because every interval list is ascending */
+        hsize_t nsel = 0, mdim;
+        if (select_piece(space, t->ndim, dims, sh, &nsel) < 0) goto h5fail;
+        if ((int64_t)nsel != numel) {
+            rc = DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: piece selects %llu elements, tensor has %lld", d->tmp, where,
+                           name, (unsigned long long)nsel, (long long)numel);
+            goto out;
+        }
+        mdim = (hsize_t)numel;
+        hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+        herr_t w = mspace < 0 ? -1 : H5Dwrite(ds, mem_type(t->dtype), mspace, space, H5P_DEFAULT, t->data);
+        if (mspace >= 0) H5Sclose(mspace);
+        if (w < 0) goto h5fail;
+    }
     goto out;
 h5fail:
     rc = DUMP_FAIL(d, e, FS_E_IO, "%s: %s/%s: write failed: %s", d->tmp, where, name, h5_cause(cause));
@@ -272,7 +341,7 @@ static const fs_tensor *input_tensor(const fs_inputs *in, int k)
 /* The one place a dump file is created. `fapl` decides the driver: default (sec2) for a serial
  * run; an MPI-IO fapl for the parallel writer to come. */
 static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg, fs_dtype dt, const char *producer,
-                            hid_t fapl, fs_err *e)
+                            hid_t fapl, const fs_group *g, long pid, fs_err *e)
 {
     char cause[256];
     *dp = NULL;
@@ -295,19 +364,32 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         free(d);
         return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
     }
-    snprintf(d->tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(d->tmp, n, "%s.tmp.%ld", path, pid);
+    d->g = g;
 
     /* Create the file with open(2) first: HDF5 reports a missing directory or a read-only one
-     * only as "unable to open file", and the user needs the OS's reason. */
-    int fd = open(d->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    if (fd < 0) {
-        rc = fs_errf(e, FS_E_IO, "%s: cannot create dump (temporary %s): %s", path, d->tmp, strerror(errno));
+     * only as "unable to open file", and the user needs the OS's reason. In a parallel dump rank
+     * 0 does it and every rank learns the outcome (H5Fcreate is collective). */
+    int ok = 1, fd = -1;
+    char why[256] = "";
+    if (!g || g->rank == 0) {
+        fd = open(d->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        if (fd < 0) {
+            ok = 0;
+            snprintf(why, sizeof why, "%s", strerror(errno));
+        } else close(fd);
+    }
+    if (g) {
+        fs_bcast(g, 0, &ok, sizeof ok);
+        fs_bcast(g, 0, why, sizeof why);
+    }
+    if (!ok) {
+        rc = fs_errf(e, FS_E_IO, "%s: cannot create dump (temporary %s): %s", path, d->tmp, why);
         free(d->path);
         free(d->tmp);
         free(d);
         return rc;
     }
-    close(fd);
 
     char *json = NULL;
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
@@ -357,7 +439,25 @@ int fs_dump_create(fs_dump **d, const char *path, const fs_config *cfg, fs_dtype
         *d = NULL;
         return fs_errf(e, FS_E_INTERNAL, "%s: cannot set up HDF5: %s", path, h5_cause(cause));
     }
-    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, e);
+    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, NULL, (long)getpid(), e);
+    H5Pclose(fapl);
+    return rc;
+}
+
+int fs_dump_create_parallel(fs_dump **d, const char *path, const fs_group *g, const fs_config *cfg, fs_dtype dt,
+                            const char *producer, fs_err *e)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    long pid = (long)getpid(); /* the temporary name is rank 0's */
+    fs_bcast(g, 0, &pid, sizeof pid);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || fs_comm_set_fapl_mpio(g, fapl) < 0) {
+        char cause[256];
+        if (fapl >= 0) H5Pclose(fapl);
+        *d = NULL;
+        return fs_errf(e, FS_E_INTERNAL, "%s: cannot set up parallel HDF5 (MPI-IO): %s", path, h5_cause(cause));
+    }
+    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, g, pid, e);
     H5Pclose(fapl);
     return rc;
 }
@@ -369,6 +469,9 @@ int fs_dump_set_deflate(fs_dump *d, int level, fs_err *e)
     if (!d) return fs_errf(e, FS_E_INTERNAL, "set deflate on a NULL dump");
     if (level < 0 || level > 9)
         return fs_errf(e, FS_E_INPUT, "%s: deflate level %d out of range 0..9", d->path, level);
+    if (level > 0 && d->g && d->g->size > 1)
+        return fs_errf(e, FS_E_INPUT, "%s: --dump-compress is not available for a parallel dump (HDF5 filters need "
+                                      "collective writes); compress afterwards with h5repack", d->path);
     d->deflate = level;
     return FS_OK;
 }
@@ -474,7 +577,21 @@ int fs_dump_begin_step(fs_dump *d, int step, double timestep, double sigma, doub
     return FS_OK;
 }
 
+static int record_impl(fs_dump *d, const char *name, const fs_tensor *t, const fs_shard *sh, const int64_t *gshape,
+                       int write, fs_err *e);
 int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e)
+{
+    return record_impl(d, name, t, NULL, NULL, writes_whole(d), e);
+}
+
+int fs_dump_record_piece(fs_dump *d, const char *name, const fs_tensor *t, const fs_shard *sh, const int64_t *gshape,
+                         int write, fs_err *e)
+{
+    return record_impl(d, name, t, sh, gshape, write, e);
+}
+
+static int record_impl(fs_dump *d, const char *name, const fs_tensor *t, const fs_shard *sh, const int64_t *gshape,
+                       int write, fs_err *e)
 {
     char where[32];
     int rc = check_usable(d, "record", e);
@@ -497,7 +614,7 @@ int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e)
     }
     char *copy = strdup(name);
     if (!copy) return DUMP_FAIL(d, e, FS_E_NOMEM, "%s: out of memory", d->tmp);
-    if ((rc = write_dataset(d, d->step, where, name, t, t->dtype, e))) {
+    if ((rc = write_dataset_piece(d, d->step, where, name, t, t->dtype, sh, gshape, write, e))) {
         free(copy);
         return rc;
     }
@@ -580,15 +697,20 @@ int fs_dump_close(fs_dump *d, fs_err *e)
     }
     /* fsync before rename: otherwise a power loss right after the rename can leave a complete-
      * looking name with incomplete content on some filesystems. */
-    int fd = open(d->tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd) < 0) {
-        rc = fs_errf(e, FS_E_IO, "%s: not written: syncing %s failed: %s", d->path, d->tmp, strerror(errno));
-        if (fd >= 0) close(fd);
-        goto fail;
+    if (!d->g || d->g->rank == 0) {
+        int fd = open(d->tmp, O_RDONLY);
+        if (fd < 0 || fsync(fd) < 0) {
+            rc = fs_errf(e, FS_E_IO, "%s: not written: syncing %s failed: %s", d->path, d->tmp, strerror(errno));
+            if (fd >= 0) close(fd);
+        } else {
+            close(fd);
+            if (rename(d->tmp, d->path) < 0)
+                rc = fs_errf(e, FS_E_IO, "%s: cannot move %s into place: %s", d->path, d->tmp, strerror(errno));
+        }
     }
-    close(fd);
-    if (rename(d->tmp, d->path) < 0) {
-        rc = fs_errf(e, FS_E_IO, "%s: cannot move %s into place: %s", d->path, d->tmp, strerror(errno));
+    if (d->g) fs_bcast(d->g, 0, &rc, sizeof rc);
+    if (rc) {
+        if (d->g && d->g->rank) fs_errf(e, rc, "%s: rank 0 could not publish the dump", d->path);
         goto fail;
     }
     dump_free(d);
@@ -602,9 +724,10 @@ void fs_dump_abort(fs_dump *d)
 {
     if (!d) return;
     char *tmp = strdup(d->tmp);
+    const int unlinker = !d->g || d->g->rank == 0;
     dump_free(d); /* closes the file first: unlinking an open HDF5 file is fine on POSIX, but
                      closing first keeps HDF5 from writing into a deleted inode */
-    if (tmp) unlink(tmp);
+    if (tmp && unlinker) unlink(tmp);
     free(tmp);
 }
 

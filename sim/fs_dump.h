@@ -36,6 +36,20 @@ int fs_dump_begin_step(fs_dump *d, int step, double timestep, double sigma, doub
 /* Writes one dataset in the current step group (shape and dtype of t) and appends its name to
  * the step's `order`. A name recorded twice in one step is an error (a bug in the producer). */
 int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e);
+/* Parallel HDF5 (MPI-IO): every rank of g calls every fs_dump_* function of this dump, in the
+ * same order with the same names and attributes (metadata is collective). Data: rank 0 alone
+ * writes the inputs, /final and anything recorded with fs_dump_record; fs_dump_record_piece
+ * writes each rank's piece of a global tensor into its hyperslab(s). No compression (HDF5
+ * filters need collective data writes). The temporary name is rank 0's; rank 0 renames. */
+struct fs_group;
+int fs_dump_create_parallel(fs_dump **d, const char *path, const struct fs_group *g, const fs_config *cfg, fs_dtype dt,
+                            const char *producer, fs_err *e);
+/* Collective: creates dataset `name` of global shape gshape; this rank writes its local tensor t
+ * into the region its shard `sh` describes (NULL/ndims 0: the whole tensor) if `write`, else
+ * nothing (a duplicate of a piece another rank writes). Interval lists must be ascending. */
+int fs_dump_record_piece(fs_dump *d, const char *name, const fs_tensor *t, const fs_shard *sh, const int64_t *gshape,
+                         int write, fs_err *e);
+
 /* Writes the `order` attribute and closes the step group. */
 int fs_dump_end_step(fs_dump *d, fs_err *e);
 int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e);

@@ -51,6 +51,42 @@ const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n)
     return buf;
 }
 
+int fs_pieces_allgather(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_piece *all)
+{
+    fs_piece mine = {.ndim = t->ndim, .nbytes = (int64_t)fs_tensor_nbytes(t)};
+    memcpy(mine.shape, t->shape, sizeof mine.shape);
+    if (sh) mine.sh = *sh;
+    fs_allgather_bytes(world, &mine, sizeof mine, all);
+    return FS_OK;
+}
+
+int fs_pieces_global_shape(const fs_piece *all, int W, int64_t *gshape)
+{
+    int sharded_axis[FS_MAX_DIMS] = {0};
+    memcpy(gshape, all[0].shape, sizeof(int64_t) * FS_MAX_DIMS);
+    for (int r = 0; r < W; r++)
+        for (int k = 0; k < all[r].sh.ndims; k++) sharded_axis[all[r].sh.d[k].dim] = 1;
+    for (int d = 0; d < FS_MAX_DIMS; d++)
+        if (sharded_axis[d]) gshape[d] = 0;
+    for (int r = 0; r < W; r++) {
+        const fs_piece *p = &all[r];
+        if (p->ndim != all[0].ndim) return -1;
+        for (int k = 0; k < p->sh.ndims; k++)
+            for (int i = 0; i < p->sh.d[k].n; i++)
+                if (p->sh.d[k].iv[i][1] > gshape[p->sh.d[k].dim]) gshape[p->sh.d[k].dim] = p->sh.d[k].iv[i][1];
+        for (int d = 0; d < p->ndim; d++)
+            if (!sharded_axis[d] && p->shape[d] != all[0].shape[d]) return -1;
+    }
+    return 0;
+}
+
+int fs_pieces_first_holder(const fs_piece *all, int W, int r)
+{
+    for (int q = 0; q < r && q < W; q++)
+        if (same_piece(&all[q], &all[r])) return q;
+    return r;
+}
+
 int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e)
 {
     memset(g, 0, sizeof *g);
@@ -109,24 +145,8 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
 
     int rc = FS_OK;
     if (me == root) {
-        /* global shape: the local sizes, except sharded axes, which extend as far as any rank's
-         * intervals reach; unsharded axes must agree across ranks */
         int64_t gshape[FS_MAX_DIMS];
-        int sharded_axis[FS_MAX_DIMS] = {0}, shape_ok = 1;
-        memcpy(gshape, g->pieces[0].shape, sizeof gshape);
-        for (int r = 0; r < W; r++)
-            for (int k = 0; k < g->pieces[r].sh.ndims; k++) sharded_axis[g->pieces[r].sh.d[k].dim] = 1;
-        for (int d = 0; d < FS_MAX_DIMS; d++)
-            if (sharded_axis[d]) gshape[d] = 0;
-        for (int r = 0; r < W; r++) {
-            const fs_piece *p = &g->pieces[r];
-            if (p->ndim != g->pieces[0].ndim) shape_ok = 0;
-            for (int k = 0; k < p->sh.ndims; k++)
-                for (int i = 0; i < p->sh.d[k].n; i++)
-                    if (p->sh.d[k].iv[i][1] > gshape[p->sh.d[k].dim]) gshape[p->sh.d[k].dim] = p->sh.d[k].iv[i][1];
-            for (int d = 0; d < p->ndim; d++)
-                if (!sharded_axis[d] && p->shape[d] != g->pieces[0].shape[d]) shape_ok = 0;
-        }
+        int shape_ok = fs_pieces_global_shape(g->pieces, W, gshape) == 0;
         if (!shape_ok) {
             char a[64], b[64];
             g->problem = 2;

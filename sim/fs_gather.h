@@ -29,6 +29,14 @@ typedef struct fs_gathered {
     char detail[512];  /* rank 0: which ranks disagree, or where the hole/overlap is */
 } fs_gathered;
 
+/* Every rank's piece, on every rank (allgather of the descriptors, no data). */
+int fs_pieces_allgather(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_piece *all);
+/* Global shape from all pieces (sharded axes: furthest interval end); -1 if unsharded axes
+ * disagree between ranks. */
+int fs_pieces_global_shape(const fs_piece *all, int world, int64_t *gshape);
+/* The lowest rank holding the same piece as rank r (that rank writes it; the others are copies). */
+int fs_pieces_first_holder(const fs_piece *all, int world, int r);
+
 int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e);
 void fs_gathered_free(fs_gathered *g);
 /* Ranks whose piece holds the global element at coords (rank 0; writes a list like "1, 3"). */

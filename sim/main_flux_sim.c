@@ -220,7 +220,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 /* ---- recording consumers: the dump (global layout), --check, or both ---- */
 
 typedef struct sink {
-    fs_dump *dump;        /* rank 0 only */
+    fs_dump *dump;        /* serial dump, or every rank's handle of the parallel (MPI-IO) dump */
     fs_dump *local;       /* --dump-per-rank: this rank's file */
     cJSON *local_sharding;
     fs_check *check;
@@ -302,19 +302,22 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs
             free(all);
         }
     }
-    if (!k->gather) return k->dump ? fs_dump_record(k->dump, name, t, e) : FS_OK;
-    fs_gathered g;
-    rc = fs_gather_to_root(k->par->g_world, t, sh, &g, e);
-    if (!rc && k->dump) {
-        if (g.problem) rc = fs_errf(e, FS_E_INTERNAL, "%s: cannot assemble the global tensor: %s", name, g.detail);
-        else rc = fs_dump_record(k->dump, name, &g.global, e);
-        if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
-            cJSON_AddItemToObject(k->sharding, name, sharding_json(g.pieces, g.world));
-    }
-    fs_gathered_free(&g);
-    /* a failed write on rank 0 must stop every rank at the same record */
-    fs_bcast(k->par->g_world, 0, &rc, sizeof rc);
-    if (rc && k->par->rank) fs_errf(e, rc, "rank 0 failed writing the dump");
+    if (!k->dump) return FS_OK;
+    if (!k->gather) return fs_dump_record(k->dump, name, t, e);
+    /* parallel HDF5: every rank learns every piece (descriptors only), so all agree on the
+     * global shape and on who writes each duplicate, then each writes its own hyperslab */
+    const int W = k->par->world, me = k->par->rank;
+    fs_piece *all = calloc((size_t)W, sizeof *all);
+    int64_t gshape[FS_MAX_DIMS];
+    if (!all) fs_comm_abort(FS_E_NOMEM);
+    fs_pieces_allgather(k->par->g_world, t, sh, all);
+    if (fs_pieces_global_shape(all, W, gshape)) rc = fs_errf(e, FS_E_INTERNAL, "%s: ranks hold incompatible pieces", name);
+    if (!rc) rc = fs_dump_record_piece(k->dump, name, t, sh, gshape, fs_pieces_first_holder(all, W, me) == me, e);
+    if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
+        cJSON_AddItemToObject(k->sharding, name, sharding_json(all, W));
+    free(all);
+    /* a failed write on one rank must stop every rank at the same record */
+    if (fs_allreduce_max_int(k->par->g_world, rc) && !rc) rc = fs_errf(e, FS_E_IO, "another rank failed writing the dump");
     return rc;
 }
 
@@ -405,13 +408,18 @@ static int run(const opts *o, fs_err *e)
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
-    /* 4. the dump (rank 0 writes the global layout) is created before any compute */
-    if (root && o->dump) {
+    /* 4. the dump is created before any compute: serial, or parallel HDF5 over all ranks (the
+     *    global layout, each rank writing its hyperslabs; attributes identical on every rank) */
+    char wdesc[600];
+    if (o->weights) snprintf(wdesc, sizeof wdesc, "%s", o->weights);
+    else snprintf(wdesc, sizeof wdesc, "synthetic seed %llu", (unsigned long long)o->weights_seed);
+    if (o->dump) {
         char producer[256];
         snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s)", FLUX_SIM_VERSION, fs_dtype_name(dt));
-        if (!(rc = fs_dump_create(&dump, o->dump, &cfg, dt, producer, e)) && !(rc = fs_dump_set_deflate(dump, o->compress, e)) &&
-            !(rc = fs_dump_write_inputs(dump, &in, e)))
-            rc = fs_dump_set_attr_string(dump, "weights", w.source, e);
+        rc = world->size > 1 ? fs_dump_create_parallel(&dump, o->dump, world, &cfg, dt, producer, e)
+                             : fs_dump_create(&dump, o->dump, &cfg, dt, producer, e);
+        if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
+            rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
     }
     if (!rc && o->dump_per_rank) {
         char path[1024], producer[256];
@@ -460,7 +468,7 @@ static int run(const opts *o, fs_err *e)
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
-    sk = (sink){.dump = dump, .local = local, .check = check, .par = &par, .gather = world->size > 1 && (o->dump || check),
+    sk = (sink){.dump = dump, .local = local, .check = check, .par = &par, .gather = world->size > 1,
                 .sharding = cJSON_CreateObject(), .local_sharding = cJSON_CreateObject()};
     if (recording) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
     fs_step_hooks hooks = {.begin_step = sink_begin, .end_step = sink_end, .ctx = &sk};
