@@ -22,7 +22,7 @@ SIM_SRC    := $(filter-out sim/main_%.c,$(wildcard sim/*.c))
 ORACLE_SRC := $(filter-out oracle/main_%.c,$(wildcard oracle/*.c))
 LIB_OBJ    := $(patsubst %.c,$(B)/%.o,$(SIM_SRC) $(ORACLE_SRC))
 LIB        := $(B)/libfluxsim.a
-HDRS       := $(wildcard sim/*.h oracle/*.h)
+HDRS       := $(wildcard sim/*.h sim/*.inc oracle/*.h)
 
 TEST_SRC   := $(wildcard tests/test_*.c)
 TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))

@@ -41,8 +41,8 @@ int fs_config_validate(const fs_config *c, const char *origin, fs_err *e);
 char *fs_config_to_json(const fs_config *c);
 
 /* ---- The parameter list (diffusers state_dict names and shapes) ----
- * One enumeration that synthetic weights, the safetensors validator and the sharding plans
- * all walk, so a name can never be known to one and missing from another. */
+ * One enumeration that synthetic weights, the safetensors validator and the weight sharding
+ * (fs_weights_shard_of) all walk, so a name can never be known to one and missing from another. */
 typedef enum fs_param_kind {
     FS_PARAM_LINEAR_W, /* [out, in], synthetic ~ N(0, 1/in) */
     FS_PARAM_BIAS,     /* [out],     synthetic ~ N(0, 0.05^2) */

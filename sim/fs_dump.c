@@ -3,7 +3,8 @@
  * The files must read exactly like the h5py-written reference dumps: strings are scalar
  * variable-length UTF-8 attributes (h5py gives `str`), `order` is a 1-D vlen UTF-8 array
  * (h5py gives an array of `str`), `version` is a 64-bit int, groups track link and attribute
- * creation order, datasets of >= 256 elements are one shuffle+deflate chunk.
+ * creation order; datasets are contiguous, or (fs_dump_set_deflate > 0) datasets of >= 256
+ * elements are one shuffle+deflate chunk.
  *
  * Reading goes through the oracle's reader (oracle/fo_dump.h) so that every consumer applies the
  * same format/version checks with the same messages. */
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FS_DUMP_VERSION 1
@@ -366,6 +368,16 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
     }
     snprintf(d->tmp, n, "%s.tmp.%ld", path, pid);
     d->g = g;
+
+    /* A directory at the final path would only fail at the rename, after the whole run. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: cannot create dump: is a directory", path);
+        free(d->path);
+        free(d->tmp);
+        free(d);
+        return rc;
+    }
 
     /* Create the file with open(2) first: HDF5 reports a missing directory or a read-only one
      * only as "unable to open file", and the user needs the OS's reason. In a parallel dump rank

@@ -25,8 +25,8 @@ int fs_dump_set_attr_string(fs_dump *d, const char *name, const char *value, fs_
 int fs_dump_set_attr_int(fs_dump *d, const char *name, int64_t value, fs_err *e);
 int fs_dump_set_attr_double(fs_dump *d, const char *name, double value, fs_err *e);
 /* Compression of the datasets written from now on: 1-9 = shuffle + deflate at that level for
- * datasets of >= 256 elements (one chunk each, like the reference dumps; default 1), 0 = none,
- * every dataset contiguous. Deflate costs ~25 s per GB and saves ~20%: 0 for big runs. */
+ * datasets of >= 256 elements (one chunk each, like the reference dumps), 0 = none (the
+ * default), every dataset contiguous. Deflate costs ~25 s per GB and saves 10-20%. */
 int fs_dump_set_deflate(fs_dump *d, int level, fs_err *e);
 /* "<path>.tmp.<pid>": where the data goes until fs_dump_close (for messages and tests). */
 const char *fs_dump_tmp_path(const fs_dump *d);

@@ -72,14 +72,15 @@ static void usage(FILE *f)
             "  --dump-per-rank DIR   also write DIR/rank_<r>.h5 per rank: its local view (replicated tensors in\n"
             "                        full, shards as held) with the `parallel` attribute (rank, sharding), for\n"
             "                        flux-oracle consistency\n"
-            "  --dump-compress L     shuffle+deflate level 0-9 for the dump [0: none; 1 saves ~20%% of disk\n"
-            "                        and writes ~7x slower]\n"
-            "  --threads N           OpenBLAS threads [OpenBLAS default]\n"
+            "  --dump-compress L     shuffle+deflate level 0-9 for a single-rank dump [0: none; activations are\n"
+            "                        noise-like: level 1 saves ~10-20%% of disk and writes several times slower]\n"
+            "  --threads N           OpenBLAS and OpenMP threads per rank [all cores for one rank, 1 per\n"
+            "                        rank when several ranks share the machine]\n"
             "  -q, --quiet           print nothing but errors\n"
             "  -h, --help            this help;  -V, --version\n"
             "\n"
-            "Exit status (same on every rank): 0 success / --check agrees, 1 --check diverged, 2 usage or\n"
-            "input error.\n"
+            "Exit status (same on every rank): 0 success / --check agrees, 1 --check diverged, 2 error\n"
+            "(usage, input, I/O; one line on stderr).\n"
             "Docs: README.md, docs/dump-format.md.\n");
 }
 

@@ -121,7 +121,7 @@ static void replay_and_compare(const char *label, const char *p64, const char *p
     fs_inputs in = {0};
     fs_weights w = {0};
     checker k = {.tol = tol, .worst = 0};
-    /* replay the inputs in our dtype from the file of our dtype's run: identical numbers */
+    /* replay the inputs of the fp64 file in our dtype (the fp32 file holds the same float32 values) */
     int rc = fs_dump_read_inputs(p64, dt, &cfg, &in, &e);
     if (rc) fail_msg("%s", e.msg);
     rc = pw ? fs_weights_load(&w, &cfg, dt, pw, &e) : fs_weights_synthetic(&w, &cfg, dt, 0, &e);

@@ -269,7 +269,7 @@ static void attention_case(fs_dtype dt, int64_t B, int64_t Sq, int64_t Skv, int6
 static void test_attention_vs_naive(void **s)
 {
     attention_case(FS_F64, 2, 7, 7, 3, 8, 1e-12);
-    attention_case(FS_F64, 1, 300, 170, 2, 16, 1e-12); /* > one 128-row query block, Sq != Skv */
+    attention_case(FS_F64, 1, 300, 170, 2, 16, 1e-12); /* > one 256-row query block, Sq != Skv */
     attention_case(FS_F32, 1, 129, 129, 2, 16, 2e-5);
 }
 
