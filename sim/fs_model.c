@@ -94,6 +94,12 @@ static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, int f
     va_end(ap);
     fs_shard sh;
     make_shard(c, t, stream, tokdim, fdim, fglob, &sh);
+    /* --inject nan-rank:R:MODULE:STEP: the module's output (the model's own buffer, so the NaN
+     * travels on) gets one NaN on rank R at that step */
+    const fs_inject *inj = c->par ? c->par->inject : NULL;
+    if (fs_injected(inj, FS_INJ_NAN_RANK) && c->par->rank == inj->nan_rank && c->m->step == inj->nan_step &&
+        !strcmp(name, inj->nan_module) && fs_tensor_numel(t) > 0)
+        fs_tensor_set((fs_tensor *)t, 0, NAN);
     int rc = c->m->rec.fn(c->m->rec.ctx, name, t, &sh, c->e);
     if (rc) fs_err_prefix(c->e, "recording %s: ", name);
     return rc;
@@ -127,6 +133,25 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     fs_tp_style style = T > 1 ? fs_plan_lookup(c->par->plan, &c->m->cfg, name, widths, NULL) : FS_TP_REPLICATE;
     /* pre: the weights hold only this rank's shard (fs_weights_shard); else full weights are
      * sliced here. Either way the global shape is the parameter's. */
+    const fs_inject *inj = c->par ? c->par->inject : NULL;
+    /* --inject adaln-sharded: the AdaLN modulation Linears split like a row-parallel layer (each
+     * rank its slice of SiLU(temb) and of W's columns) but never all-reduced */
+    if (T > 1 && fs_injected(inj, FS_INJ_ADALN_SHARDED) && style == FS_TP_REPLICATE &&
+        (strstr(name, "norm1.linear") || strstr(name, "norm1_context.linear") || strstr(name, ".norm.linear") ||
+         !strcmp(name, "norm_out.linear"))) {
+        const int64_t Kf = W->shape[1], Nf = W->shape[0], ks = Kf / T;
+        int64_t shape[FS_MAX_DIMS];
+        memcpy(shape, x->shape, sizeof shape);
+        shape[x->ndim - 1] = Nf;
+        int rc = fs_tensor_alloc(y, c->dt, x->ndim, shape, c->e);
+        if (rc) return rc;
+        c->be->gemm(c->dt, 1, M, Nf, ks, 1.0, (const char *)x->data + (size_t)(t * ks) * fs_dtype_size(c->dt), Kf,
+                    (const char *)W->data + (size_t)(t * ks) * fs_dtype_size(c->dt), Kf, 0.0, y->data, Nf);
+        c->be->add_bias(y, b->data, Nf);
+        return REC(y, stream, Nf, "%s", name);
+    }
+    const int skip_reduce = fs_injected(inj, FS_INJ_MISSING_ALLREDUCE);      /* --inject missing-allreduce */
+    const int bias_early = fs_injected(inj, FS_INJ_ROWWISE_BIAS_EVERY_RANK); /* --inject rowwise-bias-every-rank */
     const int pre = c->m->w->tp > 1 && style != FS_TP_REPLICATE;
     if (c->m->w->tp > 1 && (c->m->w->tp != T || c->m->w->tp_rank != t))
         return fs_errf(c->e, FS_E_INTERNAL, "%s: weights are shard %d/%d but this rank is %lld/%lld", name,
@@ -173,8 +198,9 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     case FS_TP_ROWWISE: /* columns [t·K/T, (t+1)·K/T) of W; partial sums; bias once */
         if (!pre) Wd += (size_t)(t * Kx) * es;
         c->be->gemm(c->dt, 1, M, N, Kx, 1.0, x->data, Kx, Wd, ldw, 0.0, y->data, N);
-        fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
-        c->be->add_bias(y, bd, N);
+        if (bias_early) c->be->add_bias(y, bd, N);
+        if (!skip_reduce) fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
+        if (!bias_early) c->be->add_bias(y, bd, N);
         break;
     case FS_TP_PACKED_ROWWISE: { /* columns t·A/T.. and A + t·B/T..: in a shard, adjacent */
         const int64_t a = widths[0] / T, bw = widths[1] / T;
@@ -182,8 +208,9 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
                                                                        : Wd + (size_t)(widths[0] + t * bw) * es;
         c->be->gemm(c->dt, 1, M, N, a, 1.0, x->data, Kx, Wa, ldw, 0.0, y->data, N);
         c->be->gemm(c->dt, 1, M, N, bw, 1.0, (const char *)x->data + (size_t)a * es, Kx, Wb, ldw, 1.0, y->data, N);
-        fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
-        c->be->add_bias(y, bd, N);
+        if (bias_early) c->be->add_bias(y, bd, N);
+        if (!skip_reduce) fs_allreduce_sum(&c->par->g_tp, c->dt, y->data, fs_tensor_numel(y));
+        if (!bias_early) c->be->add_bias(y, bd, N);
         break;
     }
     }

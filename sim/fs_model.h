@@ -18,6 +18,7 @@ typedef struct fs_model {
     const fs_weights *w;
     fs_backend *be;
     fs_recorder rec;  /* fn == NULL: record nothing */
+    int step;          /* denoising step of this call (set by fs_sample; for --inject nan-rank) */
     const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
                           rank's tokens (see fs_par.h) and TP follows par->plan. */
 } fs_model;

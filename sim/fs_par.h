@@ -16,6 +16,7 @@
 
 #include "fs_comm.h"
 #include "fs_config.h"
+#include "fs_inject.h"
 #include "fs_plan.h"
 
 typedef enum fs_ring_rotate { FS_RING_ALLGATHER = 0, FS_RING_P2P } fs_ring_rotate;
@@ -28,6 +29,7 @@ typedef struct fs_par {
     const fs_group *g_world;
     fs_ring_rotate rotate;
     const fs_plan *plan;                  /* TP plan (used when tp > 1) */
+    const fs_inject *inject;              /* --inject: bugs re-created on purpose (NULL: none) */
     /* sequence partition over sp ranks, set by fs_par_set_seq */
     int S_txt, S_img;
     int64_t *txt_lo, *txt_hi, *img_lo, *img_hi; /* [sp] */

@@ -182,10 +182,14 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     fs_shard img_shard = {0};
     if (split) { /* this rank's tokens; ids stay global positions (RoPE needs them) */
         const int q = p->sp_rank;
+        /* --inject rope-local-pos: each rank builds the ids of its chunk from 0, as if it held the
+         * start of the sequence (local positions instead of global ones) */
+        const int local_pos = fs_injected(p->inject, FS_INJ_ROPE_LOCAL_POS);
+        const int64_t il = local_pos ? 0 : p->img_lo[q], tl = local_pos ? 0 : p->txt_lo[q];
         if ((rc = slice_tokens(&in->hidden_states, p->img_lo[q], p->img_hi[q], &lat, e)) ||
             (rc = slice_tokens(&in->encoder_hidden_states, p->txt_lo[q], p->txt_hi[q], &ehs, e)) ||
-            (rc = slice_tokens(&in->img_ids, p->img_lo[q], p->img_hi[q], &iid, e)) ||
-            (rc = slice_tokens(&in->txt_ids, p->txt_lo[q], p->txt_hi[q], &tid, e)))
+            (rc = slice_tokens(&in->img_ids, il, il + fs_par_img_n(p, q), &iid, e)) ||
+            (rc = slice_tokens(&in->txt_ids, tl, tl + fs_par_txt_n(p, q), &tid, e)))
             goto out;
         img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{p->img_lo[q], p->img_hi[q]}}}}};
     } else {
@@ -205,8 +209,10 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         fs_tensor v = {0};
         if (hooks->begin_step && (rc = hooks->begin_step(hooks->ctx, i, t, sigma, sigma_next, e))) break;
         if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_in", &lat, &img_shard, e))) break;
-        rc = fs_model_forward(m, &lat, E, &in->pooled_projections, ts, in->has_guidance ? in->guidance.data : NULL, I, Tt,
-                              &v, e);
+        fs_model ms = *m;
+        ms.step = i;
+        rc = fs_model_forward(&ms, &lat, E, &in->pooled_projections, ts, in->has_guidance ? in->guidance.data : NULL, I,
+                              Tt, &v, e);
         if (rc) {
             fs_err_prefix(e, "step %d: ", i);
             break;
@@ -234,7 +240,19 @@ out:
 
 static void bcast_tensor(const fs_group *g, int root, fs_tensor *t) { fs_bcast(g, root, t->data, fs_tensor_nbytes(t)); }
 
-int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt, fs_err *e)
+/* --inject *-temp-bcast: `dist.broadcast(t.cuda(), src=0)` — the broadcast lands in a temporary
+ * copy that is thrown away, and the rank keeps the zeros it allocated. */
+static void bcast_into_temporary(const fs_group *g, int root, fs_tensor *t)
+{
+    fs_tensor tmp;
+    if (fs_tensor_alloc(&tmp, t->dtype, t->ndim, t->shape, NULL)) fs_comm_abort(FS_E_NOMEM);
+    if (g->rank == root) fs_tensor_copy(&tmp, t, NULL);
+    fs_bcast(g, root, tmp.data, fs_tensor_nbytes(&tmp));
+    fs_tensor_free(&tmp); /* ...and the real buffer never saw the values */
+}
+
+int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt,
+                        const fs_inject *inj, fs_err *e)
 {
     if (g->size == 1) return FS_OK;
     int hdr[5] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance};
@@ -263,7 +281,11 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
     bcast_tensor(g, root, &in->img_ids);
     bcast_tensor(g, root, &in->txt_ids);
     bcast_tensor(g, root, &in->sigmas);
-    bcast_tensor(g, root, &in->timesteps);
-    if (in->has_guidance) bcast_tensor(g, root, &in->guidance);
+    if (fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST)) bcast_into_temporary(g, root, &in->timesteps);
+    else bcast_tensor(g, root, &in->timesteps);
+    if (in->has_guidance) {
+        if (fs_injected(inj, FS_INJ_GUIDANCE_TEMP_BCAST)) bcast_into_temporary(g, root, &in->guidance);
+        else bcast_tensor(g, root, &in->guidance);
+    }
     return FS_OK;
 }

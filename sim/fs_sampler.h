@@ -8,6 +8,7 @@
 
 #include "fs_inputs.h"
 #include "fs_comm.h"
+#include "fs_inject.h"
 #include "fs_model.h"
 
 typedef struct fs_sched_config {
@@ -55,6 +56,7 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
 /* Setup like the GPU scripts: rank `root` of g holds the inputs (generated or read from a dump),
  * every other rank receives them in place (shapes first, then every tensor, into buffers it
  * allocated itself — never into a temporary). */
-int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt, fs_err *e);
+int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt,
+                        const fs_inject *inj, fs_err *e);
 
 #endif

@@ -23,6 +23,29 @@ static int alloc4(fs_tensor *t, fs_dtype dt, int64_t a, int64_t b, int64_t c, in
 
 /* ---------------------------------------------------------------- ring */
 
+/* --inject lse-layout: the attention kernel hands back its LSE as [B, S, H] (what ROCm's flash
+ * kernel returned, seed 001) while the merge indexes it as [B, H, S]. */
+static void lse_to_bsh(fs_tensor *lse)
+{
+    const int64_t B = lse->shape[0], H = lse->shape[1], S = lse->shape[2];
+    fs_tensor tmp;
+    if (fs_tensor_alloc(&tmp, lse->dtype, lse->ndim, lse->shape, NULL)) fs_comm_abort(FS_E_NOMEM);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++) fs_tensor_set(&tmp, (b * S + s) * H + h, fs_tensor_get(lse, (b * H + h) * S + s));
+    fs_tensor_copy(lse, &tmp, NULL);
+    fs_tensor_free(&tmp);
+}
+
+/* --inject ring-no-lse: partials averaged, out ← out + (out_i − out)/(k+1), ignoring the LSEs. */
+static void average_into(fs_tensor *o, const fs_tensor *oi, int k)
+{
+    for (int64_t i = 0; i < fs_tensor_numel(o); i++) {
+        double a = fs_tensor_get(o, i);
+        fs_tensor_set(o, i, a + (fs_tensor_get(oi, i) - a) / (k + 1));
+    }
+}
+
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
  * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. */
 static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
@@ -48,14 +71,17 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
         (rc = fs_tensor_alloc(&lsei, dt, 3, sl, e)))
         goto out;
 
-    int have = 0; /* a first non-empty chunk has initialised (o, lse) */
+    int have = 0; /* chunks merged into (o, lse) so far */
+    const int bad_lse = fs_injected(p->inject, FS_INJ_LSE_LAYOUT), no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
 #define VISIT(KT, VT)                                                                         \
     do {                                                                                      \
         if ((KT)->shape[1] > 0 && Sq > 0) {                                                   \
             if ((rc = be->attention(have ? &oi : o, have ? &lsei : &lse, FS_LSE_BHS, q, (KT), (VT), scale, e))) \
                 goto out;                                                                     \
-            if (have) be->ring_merge(o, &lse, &oi, &lsei, FS_LSE_BHS);                        \
-            have = 1;                                                                         \
+            if (bad_lse) lse_to_bsh(have ? &lsei : &lse);                                     \
+            if (have && no_lse) average_into(o, &oi, have);                                   \
+            else if (have) be->ring_merge(o, &lse, &oi, &lsei, FS_LSE_BHS);                   \
+            have++;                                                                           \
         }                                                                                     \
     } while (0)
 
@@ -90,22 +116,34 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
         memcpy(kb[0].data, k->data, fs_tensor_nbytes(k));
         memcpy(vb[0].data, v->data, fs_tensor_nbytes(v));
         int cur = 0;
+        /* --inject overlap-early-read: the chunk is read before its Irecv completed; made
+         * deterministic by reading a snapshot of the receive buffer taken when it was posted */
+        const int early = fs_injected(p->inject, FS_INJ_OVERLAP_EARLY_READ);
+        fs_tensor sk = {0}, sv = {0};
+        if (early && ((rc = alloc4(&sk, dt, B, maxn, h, Dh, e)) || (rc = alloc4(&sv, dt, B, maxn, h, Dh, e)))) goto out;
         for (int i = 0; i < R; i++) {
             int j = ((r - i) % R + R) % R, jn = ((r - i - 1) % R + R) % R;
             fs_ring_req rk = {{0}}, rv = {{0}};
             if (i < R - 1) {
+                if (early) {
+                    memcpy(sk.data, kb[1 - cur].data, fs_tensor_nbytes(&sk));
+                    memcpy(sv.data, vb[1 - cur].data, fs_tensor_nbytes(&sv));
+                }
                 fs_ring_start(&p->g_r, dt, kb[cur].data, B * n[j] * row, (r + 1) % R, kb[1 - cur].data, B * n[jn] * row,
                               (r - 1 + R) % R, 2 * i, &rk);
                 fs_ring_start(&p->g_r, dt, vb[cur].data, B * n[j] * row, (r + 1) % R, vb[1 - cur].data, B * n[jn] * row,
                               (r - 1 + R) % R, 2 * i + 1, &rv);
             }
             int64_t s4[4] = {B, n[j], h, Dh};
-            fs_tensor kj = fs_tensor_reshape(&kb[cur], 4, s4), vj = fs_tensor_reshape(&vb[cur], 4, s4);
+            fs_tensor kj = fs_tensor_reshape(i > 0 && early ? &sk : &kb[cur], 4, s4),
+                      vj = fs_tensor_reshape(i > 0 && early ? &sv : &vb[cur], 4, s4);
             VISIT(&kj, &vj);
             fs_ring_wait(&rk);
             fs_ring_wait(&rv);
             cur = 1 - cur;
         }
+        fs_tensor_free(&sk);
+        fs_tensor_free(&sv);
     }
 #undef VISIT
     if (!have && Sq > 0) rc = fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
@@ -205,10 +243,12 @@ static int ulysses_gather_heads(const fs_par *p, const fs_tensor *y, fs_tensor *
                    (const char *)y->data + (size_t)((b * S_u + toff[w]) * hb * Dh) * es, (size_t)(n[w] * hb * Dh) * es);
     }
     fs_alltoallv(&p->g_u, dt, send, sc, sd, recv, rcnt, rd);
+    /* --inject ulysses-head-order: the inverse all-to-all puts head block w back at U-1-w */
+    const int flip = fs_injected(p->inject, FS_INJ_ULYSSES_HEAD_ORDER);
     for (int w = 0; w < U; w++) /* from rank w: my tokens of its head block w */
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < s; t++)
-                memcpy((char *)x->data + (size_t)(((b * s + t) * Hl + w * hb) * Dh) * es,
+                memcpy((char *)x->data + (size_t)(((b * s + t) * Hl + (flip ? U - 1 - w : w) * hb) * Dh) * es,
                        recv + (size_t)(rd[w] + (b * s + t) * hb * Dh) * es, (size_t)(hb * Dh) * es);
 out:
     free(send);

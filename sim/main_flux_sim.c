@@ -65,6 +65,7 @@ static void usage(FILE *f)
             "                        dump); stop at the first divergence and say where and which ranks\n"
             "  --comm-stats          print, per rank, the calls and bytes of every collective of the sampling\n"
             "                        loop (the numbers docs/parallel.md's communication table predicts)\n"
+            "  --inject NAME         re-create a known silent parallel bug (repeatable; --inject list)\n"
             "  --rtol X, --rtol-max X  --check tolerances (relative L2; max|d|/max|ref|) [by precision]\n"
             "\n"
             "Output:\n"
@@ -87,6 +88,7 @@ static void usage(FILE *f)
 typedef struct opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate;
     int tp, ulysses, ring, check, comm_stats;
+    fs_inject inject;
     double rtol, rtol_max;
     uint64_t weights_seed;
     fs_gen_params gen;
@@ -117,7 +119,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -132,7 +134,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"plan", required_argument, 0, O_PLAN},       {"print-plan", no_argument, 0, O_PPLAN},
         {"check", optional_argument, 0, O_CHECK},     {"rtol", required_argument, 0, O_RTOL},
         {"rtol-max", required_argument, 0, O_RTOLMAX}, {"dump-per-rank", required_argument, 0, O_DPR},
-        {"comm-stats", no_argument, 0, O_CSTATS},
+        {"comm-stats", no_argument, 0, O_CSTATS},     {"inject", required_argument, 0, O_INJECT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -170,6 +172,13 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_DUMP: o->dump = optarg; break;
         case O_DPR: o->dump_per_rank = optarg; break;
         case O_CSTATS: o->comm_stats = 1; break;
+        case O_INJECT:
+            if (!strcmp(optarg, "list")) {
+                printf("Bugs --inject re-creates in the parallel code path (docs/bugs.md):\n%s", fs_inject_catalogue());
+                return -1;
+            }
+            rc = fs_inject_add(&o->inject, optarg, e);
+            break;
         case O_THREADS: rc = parse_int(optarg, "--threads", 1, &o->threads, e); break;
         case O_COMPRESS:
             rc = parse_int(optarg, "--dump-compress", 0, &o->compress, e);
@@ -377,7 +386,7 @@ static int run(const opts *o, fs_err *e)
     }
     if ((rc = agree(world, rc, e))) goto out;
     fs_bcast(world, 0, &cfg, sizeof cfg);
-    if ((rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, e))) goto out;
+    if ((rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e))) goto out;
 
     /* 2. layout and plan */
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
@@ -386,10 +395,16 @@ static int run(const opts *o, fs_err *e)
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
     rc = o->plan ? fs_plan_load(&plan, o->plan, e) : fs_plan_parse(&plan, fs_plan_default_text(), "built-in plan", e);
+    /* --inject proj-out-contiguous: the wrong slice itself — packed_rowwise proj_out cut as
+     * contiguous columns, for the weights and for the Linear alike (seed 000 TP-1) */
+    if (!rc && fs_injected(&o->inject, FS_INJ_PROJ_OUT_CONTIGUOUS))
+        for (int i = 0; i < plan.n; i++)
+            if (plan.rules[i].style == FS_TP_PACKED_ROWWISE) plan.rules[i].style = FS_TP_ROWWISE;
     if (!rc)
         rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
     if (!rc) rc = fs_par_set_seq(&par, in.S_txt, in.S_img, e);
+    par.inject = o->inject.mask ? &o->inject : NULL;
     if ((rc = agree(world, rc, e))) goto out;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
