@@ -3,6 +3,7 @@
 #   make test       every unit and integration test; non-zero exit on any failure
 #   make bench      benchmarks (not tests): see docs/performance.md
 #   make golden     regenerate golden/ (see golden/README.md)
+#   make matrix     regenerate docs/detection-matrix.md from real --inject runs
 # Dependencies come from pkg-config and mpicc; nothing is hard-coded.
 
 CC      := mpicc
@@ -29,7 +30,7 @@ TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 BENCH_SRC  := $(wildcard tools/bench_*.c)
 BENCH_BIN  := $(patsubst tools/%.c,$(B)/%,$(BENCH_SRC))
 
-.PHONY: all test unit integration bench golden clean
+.PHONY: all test unit integration bench golden matrix clean
 ORACLE_MAIN := $(wildcard oracle/main_flux_oracle.c)
 ORACLE_BIN  := $(if $(ORACLE_MAIN),$(B)/flux-oracle)
 all: $(B)/flux-sim $(ORACLE_BIN) $(TEST_BIN) $(BENCH_BIN)
@@ -68,6 +69,11 @@ bench: all
 
 golden: $(B)/flux-sim
 	@tools/make-golden.sh
+
+# Detection matrix (bug x layout -> first divergence) from real runs: docs/detection-matrix.md
+matrix: all
+	@tools/detection-matrix.sh > docs/detection-matrix.md.tmp && mv docs/detection-matrix.md.tmp docs/detection-matrix.md
+	@echo "wrote docs/detection-matrix.md"
 
 clean:
 	rm -rf $(B)
