@@ -1,6 +1,7 @@
 #include "fs_check.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,14 +33,28 @@ struct fs_check {
     double worst;
     char worst_where[256];
     char report[4096];
+    int brk;              /* --break-on-divergence */
+    int culprit;          /* rank 0: where the divergence shows */
+    int64_t coords[FS_MAX_DIMS];
 };
+
+void fs_check_set_break(fs_check *ck, int on) { ck->brk = on; }
+
+__attribute__((noinline)) void fs_check_break(const fs_divergence *dv)
+{
+    /* Under gdb this stops here; `up` is the record call, `up 2` the layer (linear, qk_norm,
+     * ...) with its tensors. Without a debugger SIGTRAP ends the process, which is the point. */
+    __asm__ volatile("" ::"r"(dv) : "memory");
+    raise(SIGTRAP);
+}
 
 fs_check_tol fs_check_default_tol(fs_dtype dt)
 {
     /* A layout only reorders sums (all-reduce of partials, blocked / merged softmax). Measured
      * worst over the layout matrix of tests/parallel_check.sh (docs/parallel.md): fp32 rel L2
-     * 1e-6-ish, fp64 ~1e-15. The bounds leave ~10x margin; every injected bug we know is
-     * >= 1e-3 relative at its first divergent module. */
+     * 5.6e-7 (max-abs ratio ~1.5e-6), fp64 1.04e-15. The bounds leave ~36x (fp32 rel L2), ~130x
+     * (fp32 max-abs) and ~1e5x (fp64) margin; every bug of --inject is >= 1e-3 relative at its
+     * first divergent module. */
     if (dt == FS_F64) return (fs_check_tol){.rtol = 1e-10, .rtol_max = 1e-9};
     return (fs_check_tol){.rtol = 2e-5, .rtol_max = 2e-4};
 }
@@ -180,6 +195,7 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
         const double *ref;
         int rnd;
         int64_t rshape[FS_MAX_DIMS];
+        ck->culprit = g.problem == 1 ? g.first_bad : 0;
         if (g.problem) {
             ck->diverged = 1;
             snprintf(ck->report, sizeof ck->report,
@@ -230,6 +246,8 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
                     fo_coords_str(g.global.ndim, coords, cs, sizeof cs);
                     fs_gathered_owners(&g, coords, owners, sizeof owners);
                     ck->diverged = 1;
+                    ck->culprit = atoi(owners);
+                    memcpy(ck->coords, coords, sizeof coords);
                     snprintf(ck->report, sizeof ck->report,
                              "flux-sim --check: DIVERGED at step %d, %s\n"
                              "  layout: %s; tensor %s %s\n"
@@ -247,8 +265,51 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
         }
         verdict = ck->diverged ? FS_DIVERGED : FS_OK;
     }
-    fs_gathered_free(&g);
     fs_bcast(p->g_world, 0, &verdict, sizeof verdict);
+    if (verdict == FS_DIVERGED && ck->brk) {
+        /* hand the rank where it shows the reference and the assembled tensor (global layout,
+         * float64), so both are in scope next to its local tensor when it stops */
+        int64_t hdr[2 + FS_MAX_DIMS + 1 + FS_MAX_DIMS] = {0};
+        fs_tensor ref = {0}, glob = {0};
+        if (p->rank == 0) {
+            hdr[0] = ck->culprit;
+            hdr[1] = g.global.data ? g.global.ndim : 0;
+            for (int d = 0; d < (int)hdr[1]; d++) hdr[2 + d] = g.global.shape[d];
+            for (int d = 0; d < FS_MAX_DIMS; d++) hdr[3 + FS_MAX_DIMS + d] = ck->coords[d];
+        }
+        fs_bcast(p->g_world, 0, hdr, sizeof hdr);
+        const int culprit = (int)hdr[0], nd = (int)hdr[1];
+        if (nd > 0 && (p->rank == 0 || p->rank == culprit)) {
+            fs_tensor_alloc(&ref, FS_F64, nd, &hdr[2], NULL);
+            fs_tensor_alloc(&glob, FS_F64, nd, &hdr[2], NULL);
+            if (p->rank == 0) {
+                const double *rd;
+                int rnd;
+                int64_t rs[FS_MAX_DIMS];
+                if (ref_lookup(ck, ck->step, name, &rd, &rnd, rs) && fs_tensor_numel(&ref) == fs_tensor_numel(&g.global))
+                    memcpy(ref.data, rd, fs_tensor_nbytes(&ref));
+                fs_tensor_copy(&glob, &g.global, NULL);
+            }
+        }
+        if (nd > 0 && culprit != 0) { /* rank 0 → culprit, through the world group */
+            fs_group pair;
+            fs_group_split(p->g_world, p->rank == 0 || p->rank == culprit ? 0 : 1, p->rank == 0 ? 0 : 1, &pair, NULL);
+            if (p->rank == 0 || p->rank == culprit) {
+                fs_bcast(&pair, 0, ref.data, fs_tensor_nbytes(&ref));
+                fs_bcast(&pair, 0, glob.data, fs_tensor_nbytes(&glob));
+            }
+            fs_group_free(&pair);
+        }
+        if (p->rank == culprit) {
+            fs_divergence dv = {.step = ck->step, .module = name, .local = t, .reference = nd ? &ref : NULL,
+                                .global = nd ? &glob : NULL, .rank = culprit};
+            for (int d = 0; d < FS_MAX_DIMS; d++) dv.coords[d] = hdr[3 + FS_MAX_DIMS + d];
+            fs_check_break(&dv);
+        }
+        fs_tensor_free(&ref);
+        fs_tensor_free(&glob);
+    }
+    fs_gathered_free(&g);
     if (verdict == FS_DIVERGED) {
         ck->diverged = 1;
         return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);

@@ -23,8 +23,26 @@ typedef struct fs_check_tol {
 /* Defaults per dtype, from measured layout-reordering error (docs/parallel.md#tolerances). */
 fs_check_tol fs_check_default_tol(fs_dtype dt);
 
+/* What the rank where a divergence shows holds when --break-on-divergence stops it (gdb:
+ * `frame` up to the layer, or `p *dv` here; tools/flux-sim.gdb prints these). */
+typedef struct fs_divergence {
+    int step;
+    const char *module;         /* diffusers module path */
+    const fs_tensor *local;     /* this rank's tensor, as the layer produced it */
+    const fs_tensor *reference; /* the single-rank reference, global layout (float64) */
+    const fs_tensor *global;    /* the parallel run assembled to the global layout (float64) */
+    int64_t coords[FS_MAX_DIMS];/* global coordinates of the worst element */
+    int rank;
+} fs_divergence;
+
+/* Stops in the debugger (SIGTRAP). Not inlined, so `break fs_check_break` works too. */
+void fs_check_break(const fs_divergence *dv);
+
 /* ref_path NULL: the reference is recorded in this job through fs_check_ref_recorder. */
 int fs_check_create(fs_check **ck, const fs_par *par, fs_dtype dt, fs_check_tol tol, const char *ref_path, fs_err *e);
+/* --break-on-divergence: the rank where the first divergence shows raises SIGTRAP inside the
+ * layer that diverged (in fs_check_break, called from the layer's record). */
+void fs_check_set_break(fs_check *ck, int on);
 void fs_check_free(fs_check *ck);
 
 /* Rank 0's single-rank reference run records through these. */

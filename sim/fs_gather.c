@@ -119,6 +119,7 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
                 if (!g->problem)
                     o += (size_t)snprintf(g->detail + o, sizeof g->detail - o, "ranks holding the same %s piece disagree:",
                                           g->pieces[r].sh.ndims ? "sharded" : "replicated");
+                if (!g->problem) g->first_bad = r;
                 g->problem = 1;
                 if (o < sizeof g->detail)
                     o += (size_t)snprintf(g->detail + o, sizeof g->detail - o, " rank %d != rank %d;", r, g->group[r]);

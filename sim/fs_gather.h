@@ -26,6 +26,7 @@ typedef struct fs_gathered {
     fs_piece *pieces;  /* rank 0: [world], what each rank holds */
     int *group;        /* rank 0: [world], index of the first rank holding the same piece */
     int problem;       /* rank 0: 0 ok; 1 replicated copies differ; 2 pieces do not tile the tensor */
+    int first_bad;     /* rank 0, problem 1: the first rank whose copy differs from its group's */
     char detail[512];  /* rank 0: which ranks disagree, or where the hole/overlap is */
 } fs_gathered;
 

@@ -7,6 +7,7 @@
  * §9 are marked "gotcha N" where they bite. */
 #include "fs_model.h"
 
+#include "fs_debug.h"
 #include "fs_seqpar.h"
 
 #include <math.h>
@@ -94,6 +95,8 @@ static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, int f
     va_end(ap);
     fs_shard sh;
     make_shard(c, t, stream, tokdim, fdim, fglob, &sh);
+    snprintf(fs_debug_module, sizeof fs_debug_module, "%s", name); /* for gdb: fs-where */
+    fs_debug_step = c->m->step;
     /* --inject nan-rank:R:MODULE:STEP: the module's output (the model's own buffer, so the NaN
      * travels on) gets one NaN on rank R at that step */
     const fs_inject *inj = c->par ? c->par->inject : NULL;
@@ -245,8 +248,15 @@ static int layernorm(ctx *c, const fs_tensor *x, fs_tensor *y)
 /* Concatenate a [B,Sa,W] and b [B,Sb,W] along the sequence (dim 1) into [B,Sa+Sb,W]. */
 static int cat_seq(ctx *c, const fs_tensor *a, const fs_tensor *b, fs_tensor *y)
 {
-    int64_t B = a->shape[0], Sa = a->shape[1], Sb = b->shape[1], W = fs_tensor_numel(a) / (B * (Sa ? Sa : 1));
-    if (Sa == 0) W = fs_tensor_numel(b) / (B * Sb);
+    int64_t B = a->shape[0], Sa = a->shape[1], Sb = b->shape[1];
+    int64_t Wa = Sa ? fs_tensor_numel(a) / (B * Sa) : -1, Wb = Sb ? fs_tensor_numel(b) / (B * Sb) : -1;
+    int64_t W = Wa >= 0 ? Wa : Wb;
+    /* text and image streams must agree on the features per token: a plan that splits one
+     * stream's projection and not the other's would otherwise be read with the wrong stride */
+    if (Wa >= 0 && Wb >= 0 && Wa != Wb)
+        return fs_errf(c->e, FS_E_INPUT, "joint sequence: text has %lld features per token, image %lld (a TP plan that "
+                                         "splits the text and image projections differently?)",
+                       (long long)Wa, (long long)Wb);
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, a->shape, sizeof shape);
     shape[1] = Sa + Sb;

@@ -25,8 +25,8 @@ void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses,
     char buf[256];
     *tp = *ulysses = *ring = 1;
     if (!layout_problem(c, world, 1, 1, buf, sizeof buf)) *tp = world;
-    else if (!layout_problem(c, 1, world, 1, buf, sizeof buf)) *ulysses = world;
-    else *ring = world;
+    else *ring = world; /* Ulysses needs the same divisibility as TP, so it is never the fallback */
+    (void)ulysses;
 }
 
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int u, int r, fs_ring_rotate rotate,
@@ -107,6 +107,11 @@ int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e)
     p->S_img = S_img;
     split(S_txt, p->sp, p->txt_lo, p->txt_hi);
     split(S_img, p->sp, p->img_lo, p->img_hi);
+    /* a rank may lack text or image tokens, not both: it would have no sequence at all */
+    if (p->sp > S_txt && p->sp > S_img)
+        return fs_errf(e, FS_E_INPUT, "%d text + %d image tokens cannot be split over %d sequence-parallel ranks "
+                                      "(ulysses x ring): rank %d would hold no token; use at most %d",
+                       S_txt, S_img, p->sp, p->sp - 1, S_txt > S_img ? S_txt : S_img);
     return FS_OK;
 }
 

@@ -40,8 +40,8 @@ typedef struct fs_par {
  * cannot work and lists the layouts that would. */
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int ulysses, int ring,
                 fs_ring_rotate rotate, const fs_plan *plan, fs_err *e);
-/* The layout plain `mpirun -np N flux-sim` uses: TP over N if the heads and widths divide,
- * else Ulysses over N if the heads divide, else ring over N. */
+/* The layout plain `mpirun -np N flux-sim` uses: TP over N if the heads divide (then the hidden
+ * and MLP widths do too, D = H·Dh), else ring over N (any N: uneven token shards are exact). */
 void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses, int *ring);
 /* Partition S_txt text and S_img image tokens over the SP group. */
 int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e);

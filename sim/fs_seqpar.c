@@ -37,6 +37,12 @@ static void lse_to_bsh(fs_tensor *lse)
     fs_tensor_free(&tmp);
 }
 
+/* The merge indexes the LSE as [B, H, S]: check the shape it was given, never infer it. */
+static int lse_shape_ok(const fs_tensor *l, int64_t B, int64_t H, int64_t S)
+{
+    return l->ndim == 3 && l->shape[0] == B && l->shape[1] == H && l->shape[2] == S;
+}
+
 /* --inject ring-no-lse: partials averaged, out ← out + (out_i − out)/(k+1), ignoring the LSEs. */
 static void average_into(fs_tensor *o, const fs_tensor *oi, int k)
 {
@@ -79,6 +85,11 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
             if ((rc = be->attention(have ? &oi : o, have ? &lsei : &lse, FS_LSE_BHS, q, (KT), (VT), scale, e))) \
                 goto out;                                                                     \
             if (bad_lse) lse_to_bsh(have ? &lsei : &lse);                                     \
+            if (!lse_shape_ok(have ? &lsei : &lse, B, h, Sq)) {                               \
+                rc = fs_errf(e, FS_E_INTERNAL, "ring attention: LSE is not [B, H, S] = [%lld, %lld, %lld]", \
+                             (long long)B, (long long)h, (long long)Sq);                      \
+                goto out;                                                                     \
+            }                                                                                 \
             if (have && no_lse) average_into(o, &oi, have);                                   \
             else if (have) be->ring_merge(o, &lse, &oi, &lsei, FS_LSE_BHS);                   \
             have++;                                                                           \

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "fs_check.h"
+#include "fs_debug.h"
 #include "fs_comm.h"
 #include "fs_dump.h"
 #include "fs_gather.h"
@@ -57,7 +58,7 @@ static void usage(FILE *f)
             "  --ulysses U           Ulysses sequence parallel degree (all-to-all over heads)\n"
             "  --ring R              ring attention degree (K/V rotate, LSE merge)\n"
             "  --ring-rotate M       allgather (as diffusers) or p2p (Isend/Irecv overlapped) [allgather]\n"
-            "                        [default layout: tp = ranks if the heads divide, else ulysses, else ring]\n"
+            "                        [default layout: tp = ranks if the heads divide, else ring]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
             "  --print-plan          print the built-in FLUX TP plan (a starting point for --plan) and exit\n"
             "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
@@ -66,6 +67,9 @@ static void usage(FILE *f)
             "  --comm-stats          print, per rank, the calls and bytes of every collective of the sampling\n"
             "                        loop (the numbers docs/parallel.md's communication table predicts)\n"
             "  --inject NAME         re-create a known silent parallel bug (repeatable; --inject list)\n"
+            "  --break-on-divergence with --check: the rank where the divergence shows raises SIGTRAP inside\n"
+            "                        the layer that diverged (run under gdb; tools/flux-sim.gdb, docs/debugging.md)\n"
+            "  --wait-for-debugger R rank R prints its pid and waits until a debugger attaches\n"
             "  --rtol X, --rtol-max X  --check tolerances (relative L2; max|d|/max|ref|) [by precision]\n"
             "\n"
             "Output:\n"
@@ -87,7 +91,7 @@ static void usage(FILE *f)
 
 typedef struct opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate;
-    int tp, ulysses, ring, check, comm_stats;
+    int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
     double rtol, rtol_max;
     uint64_t weights_seed;
@@ -119,7 +123,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -135,9 +139,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"check", optional_argument, 0, O_CHECK},     {"rtol", required_argument, 0, O_RTOL},
         {"rtol-max", required_argument, 0, O_RTOLMAX}, {"dump-per-rank", required_argument, 0, O_DPR},
         {"comm-stats", no_argument, 0, O_CSTATS},     {"inject", required_argument, 0, O_INJECT},
+        {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
+    o->wait_rank = -1;
     o->config = NULL;
     o->precision = "fp32";
     o->gen = (fs_gen_params){.seed = 0, .batch = 1, .grid_h = 16, .grid_w = 16, .txt_len = 32, .steps = 4,
@@ -172,6 +178,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_DUMP: o->dump = optarg; break;
         case O_DPR: o->dump_per_rank = optarg; break;
         case O_CSTATS: o->comm_stats = 1; break;
+        case O_BREAK: o->brk = 1; break;
+        case O_WAIT: rc = parse_int(optarg, "--wait-for-debugger", 0, &o->wait_rank, e); break;
         case O_INJECT:
             if (!strcmp(optarg, "list")) {
                 printf("Bugs --inject re-creates in the parallel code path (docs/bugs.md):\n%s", fs_inject_catalogue());
@@ -221,6 +229,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     if (optind < argc) return fs_errf(e, FS_E_INPUT, "unexpected argument '%s' (see flux-sim --help)", argv[optind]);
     if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp64"))
         return fs_errf(e, FS_E_INPUT, "--precision: '%s' is not fp32 or fp64", o->precision);
+    if (o->brk && !o->check) return fs_errf(e, FS_E_INPUT, "--break-on-divergence needs --check");
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
                                       "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler");
@@ -342,8 +351,12 @@ static double now(void)
  * note that another rank failed). */
 static int agree(const fs_group *w, int rc, fs_err *e)
 {
+    /* main prints rank 0's message; a rank that failed alone (rank 0 fine) says why itself */
+    int r0 = rc;
+    fs_bcast(w, 0, &r0, sizeof r0);
+    if (rc && !r0) fprintf(stderr, "flux-sim: error on rank %d: %s\n", w->rank, e->msg);
     int all = fs_allreduce_max_int(w, rc);
-    if (all && !rc) fs_errf(e, all, "another rank failed (see its message)");
+    if (all && !rc) fs_errf(e, all, "another rank failed (its message is above)");
     return all;
 }
 
@@ -453,6 +466,7 @@ static int run(const opts *o, fs_err *e)
         if (o->rtol > 0) tol.rtol = o->rtol;
         if (o->rtol_max > 0) tol.rtol_max = o->rtol_max;
         if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
+        if (!rc) fs_check_set_break(check, o->brk);
     }
     if ((rc = agree(world, rc, e))) goto out;
 
@@ -591,6 +605,7 @@ int main(int argc, char **argv)
     }
     const int root = fs_comm_world()->rank == 0;
     rc = parse_args(argc, argv, &o, &e);
+    if (!rc && o.wait_rank == fs_comm_world()->rank) fs_debug_wait_for_debugger(o.wait_rank);
     if (rc < 0) { /* --help / --version / --print-plan */
         fs_comm_finalize();
         return 0;

@@ -10,6 +10,7 @@ PKGS=(
   libcmocka-dev                    # unit tests
   libcjson-dev                     # config.json and safetensors headers
   python3-h5py python3-numpy       # tools/ scripts and cross-checks of dumps
+  gdb                              # tools/flux-sim.gdb, the debugging walkthrough test
 )
 missing=()
 for p in "${PKGS[@]}"; do

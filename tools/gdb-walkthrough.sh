@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The walkthrough of docs/debugging.md, as one script (CI runs it: tests/gdb_walkthrough.sh).
+# A tensor-parallel run with an injected bug (the row-parallel all-reduce is missing), checked
+# against the single-rank run; every rank runs under gdb in batch mode, and the rank where the
+# divergence shows stops inside the layer that diverged and prints what it holds.
+set -u
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+timeout 300 mpirun --oversubscribe -np 2 \
+  gdb -q -batch -x tools/flux-sim.gdb \
+      -ex run -ex fs-divergence -ex fs-where -ex "up 4" -ex "info args" \
+      --args build/flux-sim --tp 2 --grid 5x7 --txt-len 13 --steps 2 --check -q \
+             --inject missing-allreduce --break-on-divergence
