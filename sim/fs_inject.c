@@ -32,6 +32,14 @@ static const struct {
                                    "ring p2p: the next K/V chunk read before its Irecv completed (deterministically: the "
                                    "stale buffer)",
                                    "seed 003's overlap class"},
+    [FS_INJ_SEQ_UNEVEN_CHUNK] = {"seq-uneven-chunk",
+                                 "sequence shards sized like torch.chunk (ceil) and the ring's K/V chunks all-gathered as if "
+                                 "equal: padded with zero tokens that attention does not mask",
+                                 "seed 002"},
+    [FS_INJ_FUSED_QKV_CONTIGUOUS] = {"fused-qkv-contiguous",
+                                     "the fused [q|k|v] weight (BFL qkv / linear1) split contiguously across TP ranks "
+                                     "instead of per q, k, v",
+                                     "NeMo Automodel#1324"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom"},
 };

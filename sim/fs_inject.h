@@ -22,6 +22,8 @@ typedef enum fs_inj_id {
     FS_INJ_ADALN_SHARDED,
     FS_INJ_OVERLAP_EARLY_READ,
     FS_INJ_NAN_RANK,
+    FS_INJ_SEQ_UNEVEN_CHUNK,
+    FS_INJ_FUSED_QKV_CONTIGUOUS,
     FS_INJ_COUNT
 } fs_inj_id;
 

@@ -185,6 +185,47 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     int rc = fs_tensor_alloc(y, c->dt, x->ndim, shape, c->e);
     if (rc) return rc;
     const char *Wd = W->data, *bd = b->data;
+    fs_tensor fusedW = {0}, fusedB = {0};
+    /* --inject fused-qkv-contiguous: q, k, v as one fused [3N, K] weight (BFL qkv / linear1) cut
+     * into T contiguous row blocks; rank t then takes the thirds of ITS block as q, k, v — which
+     * straddle the q|k|v boundaries instead of being rows t of each. Needs full weights. */
+    static const char *const roles[3][2] = {{"attn.to_q", "attn.add_q_proj"}, {"attn.to_k", "attn.add_k_proj"},
+                                            {"attn.to_v", "attn.add_v_proj"}};
+    if (style == FS_TP_COLWISE && !pre && fs_injected(inj, FS_INJ_FUSED_QKV_CONTIGUOUS)) {
+        int role = -1, pair = 0;
+        size_t nl = strlen(name);
+        for (int r = 0; r < 3 && role < 0; r++)
+            for (int q = 0; q < 2; q++) {
+                size_t ml = strlen(roles[r][q]);
+                if (nl >= ml && !strcmp(name + nl - ml, roles[r][q])) {
+                    role = r;
+                    pair = q;
+                    break;
+                }
+            }
+        if (role >= 0) {
+            char base[192], sib[256];
+            snprintf(base, sizeof base, "%.*s", (int)(nl - strlen(roles[role][pair])), name);
+            if ((rc = fs_tensor_alloc2(&fusedW, c->dt, Ny, K, c->e)) || (rc = fs_tensor_alloc2(&fusedB, c->dt, 1, Ny, c->e)))
+                return rc;
+            for (int64_t i = 0; i < Ny; i++) {
+                const int64_t f = 3 * t * Ny + role * Ny + i; /* row of the fused [q; k; v] */
+                const int which = (int)(f / N);
+                const int64_t row = f % N;
+                snprintf(sib, sizeof sib, "%s%s.weight", base, roles[which][pair]);
+                const fs_tensor *Ws = fs_weights_get(c->m->w, sib);
+                snprintf(sib, sizeof sib, "%s%s.bias", base, roles[which][pair]);
+                const fs_tensor *bs = fs_weights_get(c->m->w, sib);
+                memcpy((char *)fusedW.data + (size_t)(i * K) * es, (const char *)Ws->data + (size_t)(row * K) * es, (size_t)K * es);
+                memcpy((char *)fusedB.data + (size_t)i * es, (const char *)bs->data + (size_t)row * es, es);
+            }
+            c->be->gemm(c->dt, 1, M, Ny, K, 1.0, x->data, K, fusedW.data, K, 0.0, y->data, Ny);
+            c->be->add_bias(y, fusedB.data, Ny);
+            fs_tensor_free(&fusedW);
+            fs_tensor_free(&fusedB);
+            return REC(y, stream, N, "%s", name);
+        }
+    }
     switch (style) {
     case FS_TP_REPLICATE:
         c->be->gemm(c->dt, 1, M, N, K, 1.0, x->data, K, Wd, ldw, 0.0, y->data, N);

@@ -84,6 +84,16 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
     return FS_OK;
 }
 
+/* torch.chunk: chunks of ceil(S/P), the last ones shorter or empty (--inject seq-uneven-chunk). */
+static void split_ceil(int64_t S, int P, int64_t *lo, int64_t *hi)
+{
+    int64_t c = (S + P - 1) / P;
+    for (int q = 0; q < P; q++) {
+        lo[q] = q * c < S ? q * c : S;
+        hi[q] = (q + 1) * c < S ? (q + 1) * c : S;
+    }
+}
+
 static void split(int64_t S, int P, int64_t *lo, int64_t *hi)
 {
     int64_t base = S / P, extra = S % P, off = 0;
@@ -105,8 +115,9 @@ int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e)
     p->img_hi = p->img_lo + p->sp;
     p->S_txt = S_txt;
     p->S_img = S_img;
-    split(S_txt, p->sp, p->txt_lo, p->txt_hi);
-    split(S_img, p->sp, p->img_lo, p->img_hi);
+    void (*how)(int64_t, int, int64_t *, int64_t *) = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK) ? split_ceil : split;
+    how(S_txt, p->sp, p->txt_lo, p->txt_hi);
+    how(S_img, p->sp, p->img_lo, p->img_hi);
     /* a rank may lack text or image tokens, not both: it would have no sequence at all */
     if (p->sp > S_txt && p->sp > S_img)
         return fs_errf(e, FS_E_INPUT, "%d text + %d image tokens cannot be split over %d sequence-parallel ranks "

@@ -62,16 +62,37 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     const int64_t B = q->shape[0], Sq = q->shape[1], h = q->shape[2], Dh = q->shape[3];
     const double scale = 1.0 / sqrt((double)Dh);
     const size_t es = fs_dtype_size(dt);
+    const int64_t row = h * Dh; /* elements per token */
     int64_t *n = malloc(sizeof(int64_t) * 2 * (size_t)R), *off = n + R, total = 0, maxn = 0;
+    int rc;
     for (int j = 0; j < R; j++) {
         n[j] = ring_chunk_tokens(p, j);
-        off[j] = total;
-        total += n[j];
         if (n[j] > maxn) maxn = n[j];
     }
-    const int64_t row = h * Dh; /* elements per token */
+    /* --inject seq-uneven-chunk: every chunk treated as if it had the largest chunk's length —
+     * this rank's K/V zero-padded to it and the padding attended like real tokens */
+    const int as_equal = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK);
+    fs_tensor kpad = {0}, vpad = {0};
+    if (as_equal && k->shape[1] < maxn) {
+        if ((rc = alloc4(&kpad, dt, B, maxn, h, Dh, e)) || (rc = alloc4(&vpad, dt, B, maxn, h, Dh, e))) {
+            free(n);
+            return rc;
+        }
+        for (int64_t b = 0; b < B; b++) {
+            memcpy((char *)kpad.data + (size_t)(b * maxn * row) * es, (const char *)k->data + (size_t)(b * k->shape[1] * row) * es,
+                   (size_t)(k->shape[1] * row) * es);
+            memcpy((char *)vpad.data + (size_t)(b * maxn * row) * es, (const char *)v->data + (size_t)(b * v->shape[1] * row) * es,
+                   (size_t)(v->shape[1] * row) * es);
+        }
+        k = &kpad;
+        v = &vpad;
+    }
+    for (int j = 0; j < R; j++) {
+        if (as_equal) n[j] = maxn;
+        off[j] = total;
+        total += n[j];
+    }
     fs_tensor oi = {0}, lse = {0}, lsei = {0}, kb[2] = {{0}}, vb[2] = {{0}};
-    int rc;
     int64_t sl[3] = {B, h, Sq};
     if ((rc = alloc4(&oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc(&lse, dt, 3, sl, e)) ||
         (rc = fs_tensor_alloc(&lsei, dt, 3, sl, e)))
@@ -160,6 +181,8 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     if (!have && Sq > 0) rc = fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
 out:
     free(n);
+    fs_tensor_free(&kpad);
+    fs_tensor_free(&vpad);
     fs_tensor_free(&oi);
     fs_tensor_free(&lse);
     fs_tensor_free(&lsei);

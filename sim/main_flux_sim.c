@@ -416,8 +416,8 @@ static int run(const opts *o, fs_err *e)
     if (!rc)
         rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
+    par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&par, in.S_txt, in.S_img, e);
-    par.inject = o->inject.mask ? &o->inject : NULL;
     if ((rc = agree(world, rc, e))) goto out;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
@@ -426,7 +426,8 @@ static int run(const opts *o, fs_err *e)
      *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
      *    keeps full weights when it runs the in-job single-rank reference of --check. */
     double t0 = now();
-    const int full = tp == 1 || (root && o->check && !o->check_ref);
+    const int full = tp == 1 || (root && o->check && !o->check_ref) ||
+                     fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS); /* it cuts the full q|k|v */
     if (o->weights) {
         rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
         if (!rc && !full) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, e);

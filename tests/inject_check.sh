@@ -37,8 +37,18 @@ CASES=(
   "overlap-early-read|3|--ring 3 --ring-rotate p2p|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
   "overlap-early-read|3|--ring 3|ok"
   "nan-rank:1:transformer_blocks.0.attn.to_k:1|2|--tp 2|1 transformer_blocks.0.attn.to_k held by rank(s) 1;"
+  "seq-uneven-chunk|2|--ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
+  "seq-uneven-chunk|3|--ring 3 --ring-rotate p2p|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 2;"
+  "seq-uneven-chunk|2|--tp 2|ok"
+  "fused-qkv-contiguous|2|--tp 2|0 transformer_blocks.0.attn.to_q held by rank(s) 1;"
+  "fused-qkv-contiguous|4|--tp 2 --ring 2|0 transformer_blocks.0.attn.to_q held by rank(s)"
+  "fused-qkv-contiguous|2|--ring 2|ok"
   "nan-rank:0:single_transformer_blocks.2.attn:0|2|--ring 2|0 single_transformer_blocks.2.attn held by rank(s) 0;"
 )
+# seq-uneven-chunk only shows when the sequence does not divide: 16 image + 8 text over 2 ranks
+out=$(timeout 300 mpirun -np 2 build/flux-sim --grid 4x4 --txt-len 8 --steps 2 --check -q --ring 2 --inject seq-uneven-chunk 2>&1)
+if [ $? -eq 0 ] && grep -q "check: OK" <<<"$out"; then pass=$((pass + 1)); echo "ok   seq-uneven-chunk, 16+8 tokens over ring 2 (even): --check passes"
+else fail=$((fail + 1)); echo "FAIL seq-uneven-chunk on an even split should not diverge"; fi
 for c in "${CASES[@]}"; do
   IFS='|' read -r bug n layout want <<<"$c"
   out=$(timeout 300 mpirun -np "$n" build/flux-sim --grid 5x7 --txt-len 13 --steps 2 --check -q $layout --inject "$bug" 2>&1)
