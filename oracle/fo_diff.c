@@ -187,7 +187,7 @@ void fo_shard_free(fo_shard *s)
 }
 
 static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard *s, const char *origin,
-                      const char *name, fs_err *e)
+                      const char *name, fs_err *e, int per_rank)
 {
     const cJSON *dim = cJSON_GetObjectItemCaseSensitive(obj, "dim");
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(obj, "ranges");
@@ -201,7 +201,20 @@ static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard
                        dim->valueint, ndim);
     if (s->naxes >= FO_MAX_DIMS)
         return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: too many split axes", origin, name);
-    uint64_t *m = calloc(shape[d] ? (size_t)shape[d] : 1, sizeof *m);
+    /* The intervals are in GLOBAL coordinates: in a per-rank file (its `parallel` has `rank`)
+     * the dataset holds only the rank's piece, so the axis the map describes can be longer
+     * than the local one. In a global dump an interval past the axis is an error. */
+    int64_t extent = shape[d];
+    if (per_rank) {
+        const cJSON *r0, *iv0;
+        cJSON_ArrayForEach(r0, ranges) if (cJSON_IsArray(r0)) cJSON_ArrayForEach(iv0, r0)
+        {
+            if (cJSON_IsArray(iv0) && cJSON_GetArraySize(iv0) == 2 && cJSON_IsNumber(cJSON_GetArrayItem(iv0, 1)) &&
+                (int64_t)cJSON_GetArrayItem(iv0, 1)->valuedouble > extent)
+                extent = (int64_t)cJSON_GetArrayItem(iv0, 1)->valuedouble;
+        }
+    }
+    uint64_t *m = calloc(extent ? (size_t)extent : 1, sizeof *m);
     if (!m) return fs_errf(e, FS_E_NOMEM, "%s: out of memory", origin);
     s->axis[s->naxes] = d;
     s->mask[s->naxes++] = m;
@@ -220,7 +233,7 @@ static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard
                                origin, name, r);
             int64_t lo = (int64_t)cJSON_GetArrayItem(iv, 0)->valuedouble;
             int64_t hi = (int64_t)cJSON_GetArrayItem(iv, 1)->valuedouble;
-            if (lo < 0 || hi > shape[d] || lo > hi)
+            if (lo < 0 || hi > extent || lo > hi)
                 return fs_errf(e, FS_E_INPUT,
                                "%s: sharding entry %s: ranges[%d] interval [%lld, %lld) outside axis %d of size %lld",
                                origin, name, r, (long long)lo, (long long)hi, d, (long long)shape[d]);
@@ -240,6 +253,7 @@ static int shard_from_root(const cJSON *root, const char *name, int ndim, const 
     *found = 0;
     int rc = FS_OK;
     const cJSON *sh = root ? cJSON_GetObjectItemCaseSensitive(root, "sharding") : NULL;
+    const int per_rank = root && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(root, "rank"));
     const cJSON *ent = cJSON_IsObject(sh) ? cJSON_GetObjectItemCaseSensitive(sh, name) : NULL;
     if (!ent) return FS_OK;
     if (cJSON_IsString(ent) && !strcmp(ent->valuestring, "replicated")) {
@@ -254,10 +268,10 @@ static int shard_from_root(const cJSON *root, const char *name, int ndim, const 
         const cJSON *it;
         cJSON_ArrayForEach(it, dims)
         {
-            if ((rc = parse_axis(it, ndim, shape, s, origin, name, e))) break;
+            if ((rc = parse_axis(it, ndim, shape, s, origin, name, e, per_rank))) break;
         }
     } else {
-        rc = parse_axis(ent, ndim, shape, s, origin, name, e);
+        rc = parse_axis(ent, ndim, shape, s, origin, name, e, per_rank);
     }
     if (rc) fo_shard_free(s);
     else *found = 1;

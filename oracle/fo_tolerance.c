@@ -18,6 +18,12 @@ fo_tolerance fo_tolerance_default(const char *dtype)
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
+fo_tolerance fo_tolerance_layout(const char *dtype)
+{
+    if (dtype && !strcmp(dtype, "float64")) return (fo_tolerance){.rtol = 1e-10, .atol = 0, .mtol = 1e-9};
+    return (fo_tolerance){.rtol = 2e-5, .atol = 0, .mtol = 2e-4};
+}
+
 fo_tolerance fo_tolerance_looser(fo_tolerance a, fo_tolerance b)
 {
     fo_tolerance t = {dmax(a.rtol, b.rtol), dmax(a.atol, b.atol), dmax(a.mtol, b.mtol)};

@@ -22,6 +22,12 @@ typedef struct fo_tolerance {
 /* Defaults for a run computed in `dtype` ("float32", "float64", "bfloat16", "float16"); NULL or
  * anything else gets the float32 numbers. */
 fo_tolerance fo_tolerance_default(const char *dtype);
+/* Two runs of the same implementation that differ only in parallel layout (flux-sim --check):
+ * only summation order changes (all-reduces of partials, blocked and ring-merged softmax), so
+ * the bounds are much tighter than across implementations. Measured worst over the layout
+ * matrix (tests/parallel_check.sh): fp32 rel L2 5.6e-7, max_rel ~1.5e-6; fp64 1.04e-15.
+ * float32: rtol 2e-5, mtol 2e-4; float64: rtol 1e-10, mtol 1e-9; no absolute floor. */
+fo_tolerance fo_tolerance_layout(const char *dtype);
 /* The looser of two (field by field): comparing a float32 run with a float64 one is judged by
  * float32's rules. mtol: a disabled side wins (it is the loosest). */
 fo_tolerance fo_tolerance_looser(fo_tolerance a, fo_tolerance b);

@@ -15,13 +15,12 @@
 
 typedef struct fs_check fs_check;
 
-typedef struct fs_check_tol {
-    double rtol;     /* relative L2 ‖par − ref‖/‖ref‖ */
-    double rtol_max; /* max |par − ref| / max |ref| */
-} fs_check_tol;
+#include "fo_tolerance.h"
 
-/* Defaults per dtype, from measured layout-reordering error (docs/parallel.md#tolerances). */
-fs_check_tol fs_check_default_tol(fs_dtype dt);
+/* Tolerances are the oracle's (one implementation for --check and flux-oracle):
+ * fo_tolerance_layout(dtype) by default — rtol on relative L2, mtol on max|Δ|/max|ref|. */
+typedef fo_tolerance fs_check_tol;
+static inline fs_check_tol fs_check_default_tol(fs_dtype dt) { return fo_tolerance_layout(fs_dtype_name(dt)); }
 
 /* What the rank where a divergence shows holds when --break-on-divergence stops it (gdb:
  * `frame` up to the layer, or `p *dv` here; tools/flux-sim.gdb prints these). */

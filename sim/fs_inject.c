@@ -44,6 +44,8 @@ static const struct {
                          "seed 003's symptom"},
 };
 
+int fs_inject_nan_fired;
+
 const char *fs_inject_catalogue(void)
 {
     static char buf[4096];

@@ -33,6 +33,10 @@ typedef struct fs_inject {
     char nan_module[192]; /* nan-rank:RANK:MODULE:STEP */
 } fs_inject;
 
+/* Set when nan-rank actually planted its NaN (a spec naming no module, step or rank of the run
+ * must not look like a clean pass). */
+extern int fs_inject_nan_fired;
+
 /* Adds one `--inject` spec ("proj-out-contiguous", "nan-rank:1:transformer_blocks.0.attn.to_q:0"). */
 int fs_inject_add(fs_inject *in, const char *spec, fs_err *e);
 static inline int fs_injected(const fs_inject *in, fs_inj_id id) { return in && (in->mask >> id) & 1u; }

@@ -101,8 +101,10 @@ static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, int f
      * travels on) gets one NaN on rank R at that step */
     const fs_inject *inj = c->par ? c->par->inject : NULL;
     if (fs_injected(inj, FS_INJ_NAN_RANK) && c->par->rank == inj->nan_rank && c->m->step == inj->nan_step &&
-        !strcmp(name, inj->nan_module) && fs_tensor_numel(t) > 0)
+        !strcmp(name, inj->nan_module) && fs_tensor_numel(t) > 0) {
         fs_tensor_set((fs_tensor *)t, 0, NAN);
+        fs_inject_nan_fired = 1;
+    }
     int rc = c->m->rec.fn(c->m->rec.ctx, name, t, &sh, c->e);
     if (rc) fs_err_prefix(c->e, "recording %s: ", name);
     return rc;
@@ -216,6 +218,11 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
                 const fs_tensor *Ws = fs_weights_get(c->m->w, sib);
                 snprintf(sib, sizeof sib, "%s%s.bias", base, roles[which][pair]);
                 const fs_tensor *bs = fs_weights_get(c->m->w, sib);
+                if (!Ws || !bs || Ws->shape[0] != N || bs->shape[0] != N) {
+                    fs_tensor_free(&fusedW);
+                    fs_tensor_free(&fusedB);
+                    return fs_errf(c->e, FS_E_INTERNAL, "%s: fused q|k|v sibling %s missing or not full", name, sib);
+                }
                 memcpy((char *)fusedW.data + (size_t)(i * K) * es, (const char *)Ws->data + (size_t)(row * K) * es, (size_t)K * es);
                 memcpy((char *)fusedB.data + (size_t)i * es, (const char *)bs->data + (size_t)row * es, es);
             }

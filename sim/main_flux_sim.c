@@ -465,7 +465,7 @@ static int run(const opts *o, fs_err *e)
     if (o->check) {
         fs_check_tol tol = fs_check_default_tol(dt);
         if (o->rtol > 0) tol.rtol = o->rtol;
-        if (o->rtol_max > 0) tol.rtol_max = o->rtol_max;
+        if (o->rtol_max > 0) tol.mtol = o->rtol_max;
         if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
         if (!rc) fs_check_set_break(check, o->brk);
     }
@@ -565,6 +565,11 @@ static int run(const opts *o, fs_err *e)
         if (!rc) rc = fs_dump_close(dump, e);
         dump = NULL;
     }
+    if (!rc && fs_injected(&o->inject, FS_INJ_NAN_RANK) && !fs_allreduce_max_int(world, fs_inject_nan_fired))
+        rc = fs_errf(e, FS_E_INPUT, "--inject nan-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
+                                    "step %d in this run (module paths as in a dump's `order`)",
+                     o->inject.nan_rank, o->inject.nan_module, o->inject.nan_step, o->inject.nan_rank,
+                     o->inject.nan_module, o->inject.nan_step);
     if ((rc = agree(world, rc, e))) goto out;
     if (!quiet) {
         double s = 0, s2 = 0;

@@ -32,6 +32,12 @@ LAYOUTS=(
 
 [ -x "$BIN" ] || { echo "detection-matrix: $BIN not built (make)" >&2; exit 2; }
 mkdir -p "$LOGS"
+# Run a private copy, so that a rebuild of build/flux-sim during the ~3 minutes of runs cannot mix
+# two binaries in one matrix (or fail a launch while the linker rewrites the file).
+SNAP=$(mktemp -d "${TMPDIR:-/tmp}/detection-matrix.XXXXXX") || exit 2
+trap 'rm -rf "$SNAP"' EXIT
+cp "$BIN" "$SNAP/flux-sim" || exit 2
+BIN=$SNAP/flux-sim
 
 # The catalogue: first word of each indented line of `--inject list`; nan-rank gets a concrete spec.
 BUGS=()
