@@ -4,3 +4,6 @@ set -eu
 cd "$(dirname "$0")/.."
 echo "== bench_forward (OpenBLAS threads: ${OPENBLAS_NUM_THREADS:-default}) =="
 build/bench_forward "$@"
+echo
+echo "== bench_oracle: flux-oracle diff vs h5diff on >= 200 MB dumps =="
+tools/bench_oracle.sh
