@@ -15,3 +15,26 @@ void fs_inputs_free(fs_inputs *in)
     fs_tensor_free(&in->timesteps);
     memset(in, 0, sizeof *in);
 }
+
+int fs_inputs_alloc(fs_inputs *in, const fs_config *c, fs_dtype dt, int B, int S_img, int S_txt, int n_steps,
+                    int has_guidance, fs_err *e)
+{
+    memset(in, 0, sizeof *in);
+    in->B = B;
+    in->S_img = S_img;
+    in->S_txt = S_txt;
+    in->n_steps = n_steps;
+    in->has_guidance = has_guidance;
+    int rc;
+    if ((rc = fs_tensor_alloc3(&in->hidden_states, dt, B, S_img, c->in_channels, e)) ||
+        (rc = fs_tensor_alloc3(&in->encoder_hidden_states, dt, B, S_txt, c->joint_attention_dim, e)) ||
+        (rc = fs_tensor_alloc2(&in->pooled_projections, dt, B, c->pooled_projection_dim, e)) ||
+        (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, S_img, 3, e)) || (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, S_txt, 3, e)) ||
+        (rc = fs_tensor_alloc(&in->sigmas, FS_F64, 1, (int64_t[]){n_steps + 1}, e)) ||
+        (rc = fs_tensor_alloc(&in->timesteps, FS_F64, 1, (int64_t[]){n_steps}, e)) ||
+        (has_guidance && (rc = fs_tensor_alloc(&in->guidance, FS_F64, 1, (int64_t[]){B}, e)))) {
+        fs_inputs_free(in);
+        return rc;
+    }
+    return FS_OK;
+}

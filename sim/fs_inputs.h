@@ -22,6 +22,9 @@ typedef struct fs_inputs {
     fs_tensor timesteps;              /* [n_steps], float64: exactly what the transformer gets */
 } fs_inputs;
 
+/* Allocates every tensor for B, S_img, S_txt, n_steps (zero-filled); frees all on failure. */
+int fs_inputs_alloc(fs_inputs *in, const fs_config *c, fs_dtype dt, int B, int S_img, int S_txt, int n_steps,
+                    int has_guidance, fs_err *e);
 void fs_inputs_free(fs_inputs *in);
 
 #endif

@@ -29,35 +29,30 @@ void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses,
     (void)ulysses;
 }
 
+/* Every layout of `world` ranks that can run the config, as command-line options. */
+static const char *layouts_that_fit(const fs_config *c, int world, char *alt, size_t n)
+{
+    char why[256];
+    size_t o = 0;
+    alt[0] = 0;
+    for (int a = 1; a <= world; a++)
+        for (int b = 1; a * b <= world; b++)
+            if (world % (a * b) == 0 && !layout_problem(c, a, b, world / (a * b), why, sizeof why) && o < n)
+                o += (size_t)snprintf(alt + o, n - o, "%s--tp %d --ulysses %d --ring %d", o ? "; " : "", a, b, world / (a * b));
+    return alt;
+}
+
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int u, int r, fs_ring_rotate rotate,
                 const fs_plan *plan, fs_err *e)
 {
     memset(p, 0, sizeof *p);
-    char why[256];
-    if (tp * u * r != world->size) {
-        char alt[512] = "";
-        size_t o = 0;
-        for (int a = 1; a <= world->size; a++)
-            for (int b = 1; a * b <= world->size; b++)
-                if (world->size % (a * b) == 0 && !layout_problem(c, a, b, world->size / (a * b), why, sizeof why))
-                    o += (size_t)snprintf(alt + o, sizeof alt - o, "%s--tp %d --ulysses %d --ring %d", o ? "; " : "", a, b,
-                                          world->size / (a * b));
+    char why[256], alt[512];
+    if (tp * u * r != world->size)
         return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %d ranks, but the job has %d; layouts for %d ranks: %s",
-                       tp, u, r, tp * u * r, world->size, world->size, alt);
-    }
-    const char *prob = layout_problem(c, tp, u, r, why, sizeof why);
-    if (prob) {
-        char alt[512] = "";
-        size_t o = 0;
-        for (int a = 1; a <= world->size; a++)
-            for (int b = 1; a * b <= world->size; b++)
-                if (world->size % (a * b) == 0 && !layout_problem(c, a, b, world->size / (a * b), why, sizeof why))
-                    o += (size_t)snprintf(alt + o, sizeof alt - o, "%s--tp %d --ulysses %d --ring %d", o ? "; " : "", a, b,
-                                          world->size / (a * b));
-        layout_problem(c, tp, u, r, why, sizeof why);
+                       tp, u, r, tp * u * r, world->size, world->size, layouts_that_fit(c, world->size, alt, sizeof alt));
+    if (layout_problem(c, tp, u, r, why, sizeof why))
         return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d cannot run this model: %s; layouts that can: %s",
-                       tp, u, r, why, alt);
-    }
+                       tp, u, r, why, layouts_that_fit(c, world->size, alt, sizeof alt));
     p->world = world->size;
     p->rank = world->rank;
     p->g_world = world;

@@ -69,19 +69,8 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
     if (p->batch < 1 || p->grid_h < 1 || p->grid_w < 1 || p->txt_len < 1 || p->steps < 1)
         return fs_errf(e, FS_E_INPUT, "batch, image grid, text length and steps must all be >= 1 (got %d, %dx%d, %d, %d)",
                        p->batch, p->grid_h, p->grid_w, p->txt_len, p->steps);
-    in->B = p->batch;
-    in->S_img = p->grid_h * p->grid_w;
-    in->S_txt = p->txt_len;
-    in->n_steps = p->steps;
-    int rc;
-    if ((rc = fs_tensor_alloc3(&in->hidden_states, dt, in->B, in->S_img, c->in_channels, e)) ||
-        (rc = fs_tensor_alloc3(&in->encoder_hidden_states, dt, in->B, in->S_txt, c->joint_attention_dim, e)) ||
-        (rc = fs_tensor_alloc2(&in->pooled_projections, dt, in->B, c->pooled_projection_dim, e)) ||
-        (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, in->S_img, 3, e)) ||
-        (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, in->S_txt, 3, e)) ||
-        (rc = fs_tensor_alloc(&in->sigmas, FS_F64, 1, (int64_t[]){p->steps + 1}, e)) ||
-        (rc = fs_tensor_alloc(&in->timesteps, FS_F64, 1, (int64_t[]){p->steps}, e)))
-        goto fail;
+    int rc = fs_inputs_alloc(in, c, dt, p->batch, p->grid_h * p->grid_w, p->txt_len, p->steps, c->guidance_embeds, e);
+    if (rc) return rc;
     fill_normal(&in->hidden_states, p->seed, "inputs.hidden_states");
     fill_normal(&in->encoder_hidden_states, p->seed, "inputs.encoder_hidden_states");
     fill_normal(&in->pooled_projections, p->seed, "inputs.pooled_projections");
@@ -93,11 +82,7 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
             id[1] = r;
             id[2] = col;
         }
-    if (c->guidance_embeds) {
-        in->has_guidance = 1;
-        if ((rc = fs_tensor_alloc(&in->guidance, FS_F64, 1, (int64_t[]){p->batch}, e))) goto fail;
-        for (int b = 0; b < p->batch; b++) ((double *)in->guidance.data)[b] = p->guidance;
-    }
+    for (int b = 0; in->has_guidance && b < p->batch; b++) ((double *)in->guidance.data)[b] = p->guidance;
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;
 fail:
@@ -257,24 +242,8 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
     if (g->size == 1) return FS_OK;
     int hdr[5] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance};
     fs_bcast(g, root, hdr, sizeof hdr);
-    if (g->rank != root) {
-        memset(in, 0, sizeof *in);
-        in->B = hdr[0];
-        in->S_img = hdr[1];
-        in->S_txt = hdr[2];
-        in->n_steps = hdr[3];
-        in->has_guidance = hdr[4];
-        int rc;
-        if ((rc = fs_tensor_alloc3(&in->hidden_states, dt, in->B, in->S_img, c->in_channels, e)) ||
-            (rc = fs_tensor_alloc3(&in->encoder_hidden_states, dt, in->B, in->S_txt, c->joint_attention_dim, e)) ||
-            (rc = fs_tensor_alloc2(&in->pooled_projections, dt, in->B, c->pooled_projection_dim, e)) ||
-            (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, in->S_img, 3, e)) ||
-            (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, in->S_txt, 3, e)) ||
-            (rc = fs_tensor_alloc(&in->sigmas, FS_F64, 1, (int64_t[]){in->n_steps + 1}, e)) ||
-            (rc = fs_tensor_alloc(&in->timesteps, FS_F64, 1, (int64_t[]){in->n_steps}, e)) ||
-            (in->has_guidance && (rc = fs_tensor_alloc(&in->guidance, FS_F64, 1, (int64_t[]){in->B}, e))))
-            fs_comm_abort(FS_E_NOMEM); /* the root is already inside the broadcasts */
-    }
+    if (g->rank != root && fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e))
+        fs_comm_abort(FS_E_NOMEM); /* the root is already inside the broadcasts */
     bcast_tensor(g, root, &in->hidden_states);
     bcast_tensor(g, root, &in->encoder_hidden_states);
     bcast_tensor(g, root, &in->pooled_projections);

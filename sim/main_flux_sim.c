@@ -347,6 +347,25 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The flux-dump `parallel` attribute: world, mesh, optional rank (-1: a global dump), extras,
+ * and the sharding map (consumed). */
+static char *parallel_json(const fs_par *par, int rank, const char *plan_source, cJSON *sharding)
+{
+    cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
+    cJSON_AddNumberToObject(pj, "world", par->world);
+    if (rank >= 0) cJSON_AddNumberToObject(pj, "rank", rank);
+    cJSON_AddNumberToObject(mesh, "tp", par->tp);
+    cJSON_AddNumberToObject(mesh, "ulysses", par->ulysses);
+    cJSON_AddNumberToObject(mesh, "ring", par->ring);
+    cJSON_AddItemToObject(pj, "mesh", mesh);
+    cJSON_AddStringToObject(pj, "ring_rotate", par->rotate == FS_RING_P2P ? "p2p" : "allgather");
+    cJSON_AddStringToObject(pj, "tp_plan", plan_source);
+    cJSON_AddItemToObject(pj, "sharding", sharding);
+    char *js = cJSON_PrintUnformatted(pj);
+    cJSON_Delete(pj);
+    return js;
+}
+
 /* All ranks agree on an error: the worst code wins; rank 0 reports it (its own message, or a
  * note that another rank failed). */
 static int agree(const fs_group *w, int rc, fs_err *e)
@@ -527,39 +546,20 @@ static int run(const opts *o, fs_err *e)
     }
     if (rc) goto out;
     if (local) {
-        cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
-        cJSON_AddNumberToObject(pj, "world", world->size);
-        cJSON_AddNumberToObject(pj, "rank", world->rank);
-        cJSON_AddNumberToObject(mesh, "tp", tp);
-        cJSON_AddNumberToObject(mesh, "ulysses", uly);
-        cJSON_AddNumberToObject(mesh, "ring", ring);
-        cJSON_AddItemToObject(pj, "mesh", mesh);
-        cJSON_AddItemToObject(pj, "sharding", sk.local_sharding);
+        char *js = parallel_json(&par, world->rank, plan.source, sk.local_sharding);
         sk.local_sharding = NULL;
-        char *js = cJSON_PrintUnformatted(pj);
         rc = fs_dump_set_attr_string(local, "parallel", js, e);
         free(js);
-        cJSON_Delete(pj);
         if (!rc) rc = fs_dump_write_final(local, &lat, e);
         if (!rc) rc = fs_dump_close(local, e);
         local = NULL;
     }
     if (dump) {
         if (world->size > 1) {
-            cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
-            cJSON_AddNumberToObject(pj, "world", world->size);
-            cJSON_AddNumberToObject(mesh, "tp", tp);
-            cJSON_AddNumberToObject(mesh, "ulysses", uly);
-            cJSON_AddNumberToObject(mesh, "ring", ring);
-            cJSON_AddItemToObject(pj, "mesh", mesh);
-            cJSON_AddStringToObject(pj, "ring_rotate", par.rotate == FS_RING_P2P ? "p2p" : "allgather");
-            cJSON_AddStringToObject(pj, "tp_plan", plan.source);
-            cJSON_AddItemToObject(pj, "sharding", sk.sharding);
+            char *js = parallel_json(&par, -1, plan.source, sk.sharding);
             sk.sharding = NULL;
-            char *js = cJSON_PrintUnformatted(pj);
             rc = fs_dump_set_attr_string(dump, "parallel", js, e);
             free(js);
-            cJSON_Delete(pj);
         }
         if (!rc) rc = fs_dump_write_final(dump, &lat, e);
         if (!rc) rc = fs_dump_close(dump, e);
