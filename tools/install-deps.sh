@@ -11,6 +11,7 @@ PKGS=(
   libcjson-dev                     # config.json and safetensors headers
   python3-h5py python3-numpy       # tools/ scripts and cross-checks of dumps
   gdb                              # tools/flux-sim.gdb, the debugging walkthrough test
+  python3-torch                    # tools/torch_dump.py's test (PyTorch forward hooks → flux-dump)
 )
 missing=()
 for p in "${PKGS[@]}"; do
