@@ -238,9 +238,9 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
                     fo_unravel(at, g.global.ndim, g.global.shape, coords);
                     char cs[96], owners[128];
                     fo_coords_str(g.global.ndim, coords, cs, sizeof cs);
-                    fs_gathered_owners(&g, coords, owners, sizeof owners);
+                    const int first_owner = fs_gathered_owners(&g, coords, owners, sizeof owners);
                     ck->diverged = 1;
-                    ck->culprit = atoi(owners);
+                    ck->culprit = first_owner >= 0 ? first_owner : 0;
                     memcpy(ck->coords, coords, sizeof coords);
                     snprintf(ck->report, sizeof ck->report,
                              "flux-sim --check: DIVERGED at step %d, %s\n"

@@ -51,11 +51,17 @@ const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n)
     return buf;
 }
 
+fs_piece fs_piece_of(const fs_tensor *t, const fs_shard *sh)
+{
+    fs_piece p = {.ndim = t->ndim, .nbytes = (int64_t)fs_tensor_nbytes(t)};
+    memcpy(p.shape, t->shape, sizeof p.shape);
+    if (sh) p.sh = *sh;
+    return p;
+}
+
 int fs_pieces_allgather(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_piece *all)
 {
-    fs_piece mine = {.ndim = t->ndim, .nbytes = (int64_t)fs_tensor_nbytes(t)};
-    memcpy(mine.shape, t->shape, sizeof mine.shape);
-    if (sh) mine.sh = *sh;
+    fs_piece mine = fs_piece_of(t, sh);
     fs_allgather_bytes(world, &mine, sizeof mine, all);
     return FS_OK;
 }
@@ -91,9 +97,7 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
 {
     memset(g, 0, sizeof *g);
     const int W = world->size, root = 0, me = world->rank;
-    fs_piece mine = {.ndim = t->ndim, .nbytes = (int64_t)fs_tensor_nbytes(t)};
-    memcpy(mine.shape, t->shape, sizeof mine.shape);
-    if (sh) mine.sh = *sh;
+    fs_piece mine = fs_piece_of(t, sh);
     mine.hash = fs_hash_bytes(t->data, fs_tensor_nbytes(t));
     g->world = W;
     if (me == root) {
@@ -209,9 +213,10 @@ void fs_gathered_free(fs_gathered *g)
     memset(g, 0, sizeof *g);
 }
 
-const char *fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n)
+int fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n)
 {
     size_t o = 0;
+    int first = -1;
     buf[0] = 0;
     for (int r = 0; r < g->world && o < n; r++) {
         const fs_piece *p = &g->pieces[r];
@@ -222,7 +227,9 @@ const char *fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char
             for (int i = 0; i < d->n; i++) in |= coords[d->dim] >= d->iv[i][0] && coords[d->dim] < d->iv[i][1];
             holds &= in;
         }
-        if (holds) o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? ", " : "", r);
+        if (!holds) continue;
+        if (first < 0) first = r;
+        o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? ", " : "", r);
     }
-    return buf;
+    return first;
 }

@@ -30,6 +30,8 @@ typedef struct fs_gathered {
     char detail[512];  /* rank 0: which ranks disagree, or where the hole/overlap is */
 } fs_gathered;
 
+/* This rank's piece of a recorded tensor (no hash). */
+fs_piece fs_piece_of(const fs_tensor *t, const fs_shard *sh);
 /* Every rank's piece, on every rank (allgather of the descriptors, no data). */
 int fs_pieces_allgather(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_piece *all);
 /* Global shape from all pieces (sharded axes: furthest interval end); -1 if unsharded axes
@@ -40,8 +42,9 @@ int fs_pieces_first_holder(const fs_piece *all, int world, int r);
 
 int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e);
 void fs_gathered_free(fs_gathered *g);
-/* Ranks whose piece holds the global element at coords (rank 0; writes a list like "1, 3"). */
-const char *fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n);
+/* Ranks whose piece holds the global element at coords (rank 0): a list like "1, 3" in buf;
+ * returns the lowest such rank, or -1. */
+int fs_gathered_owners(const fs_gathered *g, const int64_t *coords, char *buf, size_t n);
 /* "replicated" / "dim 1 [0,40)+[64,104)" description of rank r's piece. */
 const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n);
 

@@ -26,18 +26,22 @@ int fs_weights_init_empty(fs_weights *w, const fs_config *c, fs_dtype dt, fs_err
     return FS_OK;
 }
 
-double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index)
+/* A standard normal z scaled to the magnitudes of ../shared/reference/README.md. */
+static double synthetic_scale(const fs_param_desc *d, double z)
 {
-    /* The key depends on the name only, never on the shape: a shard of rows [a, b) is the
-     * same numbers whatever the world size. */
-    uint64_t key = fs_rng_key(seed, d->name);
-    double z = fs_rng_normal(key, (uint64_t)index);
     switch (d->kind) {
     case FS_PARAM_LINEAR_W: return z / sqrt((double)d->shape[1]);
     case FS_PARAM_BIAS: return 0.05 * z;
     case FS_PARAM_RMS_W: return 1.0 + 0.1 * z;
     }
     return 0;
+}
+
+double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index)
+{
+    /* The key depends on the name only, never on the shape: a shard of rows [a, b) is the
+     * same numbers whatever the world size. */
+    return synthetic_scale(d, fs_rng_normal(fs_rng_key(seed, d->name), (uint64_t)index));
 }
 
 int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_config *c, int T, int t, fs_wshard *s,
@@ -89,61 +93,47 @@ static int64_t shard_cols(const fs_wshard *s)
     return n;
 }
 
-/* Generates in blocks through fs_rng_normal_fill (two normals per Box-Muller pair); the values
- * are exactly fs_weights_synthetic_value's. */
-static int fill_synthetic(fs_tensor *t, const fs_param_desc *d, uint64_t seed, fs_err *e)
+
+/* The elements a shard holds, generated run by run: a run is a contiguous range of the full
+ * tensor's element indices (a whole-width shard, the full tensor included, is one run; a column
+ * slice is one run per row and interval), filled in blocks through fs_rng_normal_fill (two
+ * normals per Box-Muller pair). Values equal fs_weights_synthetic_value's. */
+static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_wshard *sh, uint64_t seed)
 {
     enum { BLK = 4096 };
     double buf[BLK];
     const uint64_t key = fs_rng_key(seed, d->name);
-    const double in = d->kind == FS_PARAM_LINEAR_W ? (double)d->shape[1] : 1.0;
-    const int64_t n = fs_tensor_numel(t);
-    for (int64_t k0 = 0; k0 < n; k0 += BLK) {
-        int64_t m = n - k0 < BLK ? n - k0 : BLK;
-        fs_rng_normal_fill(key, (uint64_t)k0, m, buf);
-        for (int64_t k = 0; k < m; k++) {
-            double z = buf[k], v = d->kind == FS_PARAM_LINEAR_W ? z / sqrt(in) : d->kind == FS_PARAM_BIAS ? 0.05 * z : 1.0 + 0.1 * z;
-            if (t->dtype == FS_F64) ((double *)t->data)[k0 + k] = v;
-            else ((float *)t->data)[k0 + k] = (float)v;
-        }
-    }
-    (void)e;
-    return FS_OK;
-}
-
-/* Rank's shard of a synthetic parameter: row by row, each column interval a contiguous run of
- * the full tensor's element indices. */
-static int fill_synthetic_shard(fs_tensor *t, const fs_param_desc *d, const fs_wshard *sh, uint64_t seed, fs_err *e)
-{
-    const uint64_t key = fs_rng_key(seed, d->name);
-    const int64_t K = d->ndim == 2 ? d->shape[1] : 1, w = shard_cols(sh);
-    double *buf = malloc(sizeof(double) * (size_t)(w ? w : 1));
-    if (!buf) return fs_errf(e, FS_E_NOMEM, "out of memory");
-    for (int64_t r = sh->r0; r < sh->r1; r++) {
-        int64_t o = 0;
+    const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
+    const int whole_rows = sh->nc == 1 && sh->c[0][0] == 0 && sh->c[0][1] == K;
+    int64_t out = 0;
+    for (int64_t r = sh->r0; r < sh->r1; r++)
         for (int i = 0; i < sh->nc; i++) {
-            int64_t len = sh->c[i][1] - sh->c[i][0];
-            fs_rng_normal_fill(key, (uint64_t)(r * K + sh->c[i][0]), len, buf + o);
-            o += len;
+            const int64_t first = r * K + sh->c[i][0];
+            const int64_t len = whole_rows ? (sh->r1 - sh->r0) * K : sh->c[i][1] - sh->c[i][0];
+            for (int64_t k0 = 0; k0 < len; k0 += BLK) {
+                const int64_t m = len - k0 < BLK ? len - k0 : BLK;
+                fs_rng_normal_fill(key, (uint64_t)(first + k0), m, buf);
+                if (t->dtype == FS_F64)
+                    for (int64_t k = 0; k < m; k++) ((double *)t->data)[out++] = synthetic_scale(d, buf[k]);
+                else
+                    for (int64_t k = 0; k < m; k++) ((float *)t->data)[out++] = (float)synthetic_scale(d, buf[k]);
+            }
+            if (whole_rows) return;
         }
-        for (int64_t k = 0; k < w; k++) {
-            double z = buf[k], v = d->kind == FS_PARAM_LINEAR_W ? z / sqrt((double)K) : d->kind == FS_PARAM_BIAS ? 0.05 * z : 1.0 + 0.1 * z;
-            fs_tensor_set(t, (r - sh->r0) * w + k, v);
-        }
-    }
-    free(buf);
-    return FS_OK;
 }
 
 int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, const fs_plan *plan, int T,
                                int t, fs_err *e)
 {
-    if (T <= 1) return fs_weights_synthetic(w, c, dt, seed, e);
     int rc = fs_weights_init_empty(w, c, dt, e);
     if (rc) return rc;
-    w->tp = T;
-    w->tp_rank = t;
-    snprintf(w->source, sizeof w->source, "synthetic seed %llu, tp shard %d/%d", (unsigned long long)seed, t, T);
+    if (T > 1) {
+        w->tp = T;
+        w->tp_rank = t;
+        snprintf(w->source, sizeof w->source, "synthetic seed %llu, tp shard %d/%d", (unsigned long long)seed, t, T);
+    } else {
+        snprintf(w->source, sizeof w->source, "synthetic seed %llu", (unsigned long long)seed);
+    }
     for (int i = 0; i < w->n; i++) {
         const fs_param_desc *d = &w->desc[i];
         fs_wshard sh;
@@ -151,8 +141,11 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
         if ((rc = fs_weights_shard_of(d, plan, c, T, t, &sh, e))) break;
         shape[0] = sh.r1 - sh.r0;
         shape[1] = shard_cols(&sh);
-        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) break;
-        if ((rc = fill_synthetic_shard(&w->t[i], d, &sh, seed, e))) break;
+        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) {
+            fs_err_prefix(e, "synthetic weight %s: ", d->name);
+            break;
+        }
+        fill_synthetic(&w->t[i], d, &sh, seed);
     }
     if (rc) fs_weights_free(w);
     return rc;
@@ -198,22 +191,7 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, fs_err *e
 
 int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, fs_err *e)
 {
-    int rc = fs_weights_init_empty(w, c, dt, e);
-    if (rc) return rc;
-    snprintf(w->source, sizeof w->source, "synthetic seed %llu", (unsigned long long)seed);
-    for (int i = 0; i < w->n; i++) {
-        const fs_param_desc *d = &w->desc[i];
-        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, d->shape, e))) {
-            fs_err_prefix(e, "synthetic weight %s: ", d->name);
-            fs_weights_free(w);
-            return rc;
-        }
-        if ((rc = fill_synthetic(&w->t[i], d, seed, e))) {
-            fs_weights_free(w);
-            return rc;
-        }
-    }
-    return FS_OK;
+    return fs_weights_synthetic_shard(w, c, dt, seed, NULL, 1, 0, e); /* the shard that is everything */
 }
 
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name)

@@ -313,10 +313,9 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs
     if (k->local) { /* this rank's view; at step 0 learn every rank's piece for the sharding map */
         if ((rc = fs_dump_record(k->local, name, t, e))) fs_comm_abort(2);
         if (k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->local_sharding, name)) {
-            fs_piece mine = {.ndim = t->ndim}, *all = calloc((size_t)k->par->world, sizeof *all);
-            memcpy(mine.shape, t->shape, sizeof mine.shape);
-            if (sh) mine.sh = *sh;
-            fs_allgather_bytes(k->par->g_world, &mine, sizeof mine, all);
+            fs_piece *all = calloc((size_t)k->par->world, sizeof *all);
+            if (!all) fs_comm_abort(FS_E_NOMEM);
+            fs_pieces_allgather(k->par->g_world, t, sh, all);
             cJSON_AddItemToObject(k->local_sharding, name, sharding_json(all, k->par->world));
             free(all);
         }
