@@ -403,19 +403,43 @@ static void set_at(fo_entry *en, const model_dims *md, int64_t at)
 
 static const char *nonfinite_word(double v) { return isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"; }
 
-/* One dataset both files hold: stream A, B (and the truth) in lockstep. */
-static int diff_dataset(diff_ctx *c, const char *ga, const char *gb, const char *gt, fo_entry *en, fs_err *e)
+/* One dataset both files hold. diff_open (HDF5, so the thread that walks the files) opens the
+ * streams and settles shapes and rank attribution; diff_pass streams A, B (and the truth) in
+ * lockstep and judges. A job whose streams all read without HDF5 (fo_stream_direct) may pass on
+ * another thread while the next job opens: see fo_diff_run. */
+typedef struct diff_job {
+    int idx;                 /* its entry in the report */
+    char ga[64], gb[64], gt[64];
+    int have_t;
+    fo_stream *sa, *sb, *st; /* st NULL: no truth for this dataset */
+    fo_dataset ia;           /* A's shape (B's too, unless the entry is FO_SHAPE) */
+    fo_shard shard;
+    int use_shard;
+    double *rank_max;        /* [FO_MAX_RANKS] when use_shard */
+    int rc;                  /* FS_OK, or the error in err */
+    fs_err err;
+} diff_job;
+
+static void job_release(diff_job *j)
+{
+    fo_stream_close(j->sa), fo_stream_close(j->sb), fo_stream_close(j->st);
+    j->sa = j->sb = j->st = NULL;
+    fo_shard_free(&j->shard);
+    free(j->rank_max);
+    j->rank_max = NULL;
+}
+
+static int diff_open(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
 {
     char pa[1024], pb[1024], pt[1024], sa_[160], sb_[160];
+    const char *ga = j->ga, *gb = j->gb, *gt = j->have_t ? j->gt : NULL;
     snprintf(pa, sizeof pa, "%s/%s", ga, en->name);
     snprintf(pb, sizeof pb, "%s/%s", gb, en->name);
-    fo_stream *sa = NULL, *sb = NULL, *st = NULL;
     fo_dataset ia = {0}, ib = {0}, it = {0};
     fo_shard shard = {0};
-    double *rank_max = NULL;
     int rc;
-    if ((rc = fo_stream_open(c->a, pa, c->block, &sa, &ia, e))) goto out;
-    if ((rc = fo_stream_open(c->b, pb, c->block, &sb, &ib, e))) goto out;
+    if ((rc = fo_stream_open(c->a, pa, c->block, &j->sa, &ia, e))) goto out;
+    if ((rc = fo_stream_open(c->b, pb, c->block, &j->sb, &ib, e))) goto out;
     en->ndim_a = ia.ndim, en->ndim_b = ib.ndim;
     memcpy(en->shape_a, ia.shape, sizeof ia.shape);
     memcpy(en->shape_b, ib.shape, sizeof ib.shape);
@@ -431,17 +455,16 @@ static int diff_dataset(diff_ctx *c, const char *ga, const char *gb, const char 
     if (c->t && gt) {
         snprintf(pt, sizeof pt, "%s/%s", gt, en->name);
         if (fo_is_dataset(c->t, pt)) {
-            if ((rc = fo_stream_open(c->t, pt, c->block, &st, &it, e))) goto out;
+            if ((rc = fo_stream_open(c->t, pt, c->block, &j->st, &it, e))) goto out;
             if (it.ndim != ia.ndim || memcmp(it.shape, ia.shape, (size_t)ia.ndim * sizeof *ia.shape)) {
-                fo_stream_close(st); /* the truth has another shape: judge without it */
-                st = NULL;
+                fo_stream_close(j->st); /* the truth has another shape: judge without it */
+                j->st = NULL;
             }
         }
     }
     /* Rank attribution: a per-rank file is its rank; a global dump maps elements through its
      * sharding map (B's first: B is the reference, usually the single-device or parallel run
      * whose layout we want to blame). */
-    int use_shard = 0;
     if (c->rank_a >= 0 || c->rank_b >= 0) {
         en->ranks_known = 1;
         if (c->rank_a >= 0) en->ranks |= (uint64_t)1 << (c->rank_a % FO_MAX_RANKS);
@@ -459,10 +482,10 @@ static int diff_dataset(diff_ctx *c, const char *ga, const char *gb, const char 
         if (found && shard.replicated) {
             en->ranks_note = strdup("replicated");
         } else if (found) {
-            use_shard = 1;
+            j->use_shard = 1;
             en->ranks_known = 1;
-            rank_max = calloc(FO_MAX_RANKS, sizeof *rank_max);
-            if (!rank_max) {
+            j->rank_max = calloc(FO_MAX_RANKS, sizeof *j->rank_max);
+            if (!j->rank_max) {
                 rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 goto out;
             }
@@ -473,40 +496,54 @@ static int diff_dataset(diff_ctx *c, const char *ga, const char *gb, const char 
             en->ranks_note = strdup(note);
         }
     }
+out:
+    j->ia = ia;
+    j->shard = shard;
+    return rc;
+}
 
+static int diff_pass(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
+{
+    fo_stream *sa = j->sa, *sb = j->sb, *st = j->st;
+    const fo_dataset ia = j->ia;
+    const fo_shard shard = j->shard;
+    const int use_shard = j->use_shard;
+    double *rank_max = j->rank_max;
+    int rc = FS_OK;
     fo_acc ab, at, bt;
     fo_acc_init(&ab), fo_acc_init(&at), fo_acc_init(&bt);
     uint64_t nf_ranks = 0;
     int64_t first_mismatch = -1;
     double fm_a = 0, fm_b = 0;
     for (;;) {
-        const double *xa, *xb, *xt = NULL;
+        fo_view xa, xb, xt = {NULL, FO_V_F64};
         int64_t off, na, nb, offt, nt;
-        if ((rc = fo_stream_next(sa, &xa, &off, &na, e))) goto out;
-        if ((rc = fo_stream_next(sb, &xb, &off, &nb, e))) goto out;
-        if (st && (rc = fo_stream_next(st, &xt, &offt, &nt, e))) goto out;
+        if ((rc = fo_stream_view(sa, &xa, &off, &na, e))) goto out;
+        if ((rc = fo_stream_view(sb, &xb, &off, &nb, e))) goto out;
+        if (st && (rc = fo_stream_view(st, &xt, &offt, &nt, e))) goto out;
         if (na == 0) break;
         int64_t prev_arg = ab.s.argmax, prev_mm = ab.s.n_nonfinite_mismatch;
-        fo_acc_add(&ab, xa, xb, na);
-        if (ab.s.argmax != prev_arg && ab.s.argmax >= off) en->val_a = xa[ab.s.argmax - off], en->val_b = xb[ab.s.argmax - off];
+        fo_acc_add_view(&ab, xa, xb, na);
+        if (ab.s.argmax != prev_arg && ab.s.argmax >= off)
+            en->val_a = fo_view_at(xa, ab.s.argmax - off), en->val_b = fo_view_at(xb, ab.s.argmax - off);
         if (ab.s.n_nonfinite_mismatch != prev_mm && first_mismatch < 0) {
             for (int64_t i = 0; i < na; i++) {
-                double x = xa[i], y = xb[i];
+                double x = fo_view_at(xa, i), y = fo_view_at(xb, i);
                 if (isfinite(x) && isfinite(y)) continue;
                 if ((isnan(x) && isnan(y)) || (!isfinite(x) && !isfinite(y) && x == y)) continue;
                 first_mismatch = off + i, fm_a = x, fm_b = y;
                 break;
             }
         }
-        if (xt) {
-            fo_acc_add(&at, xa, xt, na);
-            fo_acc_add(&bt, xb, xt, na);
+        if (xt.p) {
+            fo_acc_add_view(&at, xa, xt, na);
+            fo_acc_add_view(&bt, xb, xt, na);
         }
         if (use_shard) {
             int64_t co[FO_MAX_DIMS];
             for (int64_t i = 0; i < na; i++) {
-                double d = xa[i] - xb[i];
-                int bad_nf = !isfinite(d) && !(isnan(xa[i]) && isnan(xb[i])) && !(xa[i] == xb[i]);
+                double x = fo_view_at(xa, i), y = fo_view_at(xb, i), d = x - y;
+                int bad_nf = !isfinite(d) && !(isnan(x) && isnan(y)) && !(x == y);
                 if (!bad_nf && !(fabs(d) > 0)) continue;
                 fo_unravel(off + i, ia.ndim, ia.shape, co);
                 uint64_t m = fo_shard_owner(&shard, ia.ndim, co);
@@ -580,11 +617,6 @@ static int diff_dataset(diff_ctx *c, const char *ga, const char *gb, const char 
     }
     if (pass && en->kind == FO_PASS && use_shard) en->ranks = 0;
 out:
-    fo_stream_close(sa);
-    fo_stream_close(sb);
-    fo_stream_close(st);
-    fo_shard_free(&shard);
-    free(rank_max);
     return rc;
 }
 
@@ -624,6 +656,10 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
     }
     fo_names na = {0}, nb = {0}, nt = {0};
     char **sa = NULL, **sb = NULL;
+    diff_job *jobs = NULL;
+    int nj = 0, jcap = 0;
+    /* First the plan: every dataset both files hold, in execution order, as an entry and a job
+     * (the report's entries do not move after this, so jobs may fill them in any order). */
     for (int g = 0; g < ng && !rc; g++) {
         char ga[64], gb[64], gt[64];
         if ((rc = group_names(a, &groups[g], ga, sizeof ga, &na, e))) break;
@@ -644,16 +680,26 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
                 if (names_push(&r->only_a, groups[g].group, na.v[i])) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 continue;
             }
-            fo_entry *en = report_add(r, groups[g].step, groups[g].group, na.v[i]);
-            if (!en) {
+            if (nj == jcap) {
+                int nc = jcap ? 2 * jcap : 256;
+                diff_job *p = realloc(jobs, (size_t)nc * sizeof *p);
+                if (!p) {
+                    rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    break;
+                }
+                jobs = p, jcap = nc;
+            }
+            if (!report_add(r, groups[g].step, groups[g].group, na.v[i])) {
                 rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 break;
             }
-            if ((rc = diff_dataset(&c, ga, gb, have_t ? gt : NULL, en, e))) break;
-            if (en->kind != FO_PASS) {
-                r->nfail++;
-                if (r->first < 0) r->first = r->n - 1;
-            }
+            diff_job *j = &jobs[nj++];
+            memset(j, 0, sizeof *j);
+            j->idx = r->n - 1;
+            snprintf(j->ga, sizeof j->ga, "%s", ga);
+            snprintf(j->gb, sizeof j->gb, "%s", gb);
+            snprintf(j->gt, sizeof j->gt, "%s", have_t ? gt : "");
+            j->have_t = have_t;
         }
         for (int i = 0; i < nb.n && !rc; i++)
             if (!has_name(sa, na.n, nb.v[i]) && names_push(&r->only_b, groups[g].group, nb.v[i]))
@@ -662,6 +708,49 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
     free(sa), free(sb);
     fo_names_free(&na), fo_names_free(&nb), fo_names_free(&nt);
     free(groups);
+    /* Then the work, pipelined over two threads or more: this thread opens each dataset (HDF5,
+     * which must stay on one thread at a time) and hands the data pass of every dataset whose
+     * streams read straight from the file (no HDF5) to a task, so the metadata walk of the next
+     * datasets overlaps the data passes of the previous ones. Each dataset is still computed
+     * whole by one thread, so the results do not depend on the thread count. Datasets HDF5 must
+     * read (compressed, big-endian, ...) pass right here. */
+    if (!rc) {
+#pragma omp parallel if (nj > 1)
+#pragma omp single
+        for (int k = 0; k < nj; k++) {
+            diff_job *j = &jobs[k];
+            fo_entry *en = &r->v[j->idx];
+            j->rc = diff_open(&c, j, en, &j->err);
+            if (j->rc || en->kind == FO_SHAPE) {
+                job_release(j);
+                continue;
+            }
+            int direct = fo_stream_direct(j->sa) && fo_stream_direct(j->sb) && (!j->st || fo_stream_direct(j->st));
+            if (direct) {
+#pragma omp task firstprivate(j, en)
+                {
+                    j->rc = diff_pass(&c, j, en, &j->err);
+                    job_release(j);
+                }
+            } else {
+                j->rc = diff_pass(&c, j, en, &j->err);
+                job_release(j);
+            }
+        }
+        /* The first error in execution order is the one reported, as when walking serially. */
+        for (int k = 0; k < nj && !rc; k++)
+            if (jobs[k].rc) {
+                rc = jobs[k].rc;
+                if (e) *e = jobs[k].err;
+            }
+        for (int k = 0; k < r->n && !rc; k++)
+            if (r->v[k].kind != FO_PASS) {
+                r->nfail++;
+                if (r->first < 0) r->first = k;
+            }
+    }
+    for (int k = 0; k < nj; k++) job_release(&jobs[k]);
+    free(jobs);
     cJSON_Delete(c.par_a), cJSON_Delete(c.par_b);
     return rc;
 }

@@ -11,6 +11,7 @@
 #ifndef FO_DUMP_H
 #define FO_DUMP_H
 
+#include "fo_metrics.h"
 #include "fs_common.h"
 
 #define FO_MAX_DIMS 8
@@ -89,7 +90,9 @@ const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
  * Blocks are runs of whole trailing-axis rows in row-major order of about `block_elems` values
  * (at least one row of the last axis), so two datasets of the same shape opened with the same
  * block_elems yield blocks of identical offsets and lengths and can be compared in lockstep.
- * Contiguous datasets are read a hyperslab at a time (memory: one block). For chunked
+ * Contiguous little-endian float32/float64 datasets (flux-sim's, h5py's default) are read
+ * without HDF5, one pread per block, and handed out as stored (fo_stream_view); other contiguous
+ * datasets a hyperslab at a time through HDF5 (memory: one block). For chunked
  * (compressed) datasets HDF5 must inflate whole chunks; the stream sizes the chunk cache so each
  * chunk is inflated once, so memory is one block plus the chunks a block row spans (for the
  * reference dumps, stored as one chunk per dataset, that is the dataset in its stored dtype). */
@@ -99,6 +102,14 @@ int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream 
 /* The next block: *n values starting at flat index *off; *n == 0 after the last block. *data is
  * owned by the stream and valid until the next call. */
 int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, fs_err *e);
+/* The same block as stored (float32 or float64) instead of widened to double: for contiguous
+ * float datasets a view straight into the mapped file, else the double buffer. Valid until the
+ * next call or close. */
+int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e);
+/* 1 when the stream's blocks are read straight from the file, without HDF5: such a stream may be
+ * read (fo_stream_view, fo_stream_next) and closed on another thread than the one that opened
+ * it, while that thread goes on with HDF5 (which is not thread-safe). */
+int fo_stream_direct(const fo_stream *s);
 void fo_stream_close(fo_stream *s); /* safe on NULL */
 
 /* Any attribute of any object as text or number. Absent: FS_OK and *out NULL / *found 0.

@@ -51,6 +51,28 @@ void fo_acc_init(fo_acc *acc);
 void fo_acc_add(fo_acc *acc, const double *a, const double *b, int64_t n);
 void fo_acc_finish(fo_acc *acc, fo_stats *out);
 
+/* A block of values as stored: float32 or float64, so a float32 dump is compared without first
+ * being widened into a double copy (fo_stream_view hands out such views, often pointing straight
+ * into the mapped file). Values are widened to double one at a time inside the metric pass. */
+typedef enum fo_vtype { FO_V_F64 = 0, FO_V_F32 = 1 } fo_vtype;
+typedef struct fo_view {
+    const void *p;
+    fo_vtype type;
+} fo_view;
+static inline fo_view fo_view_f64(const double *p) { return (fo_view){p, FO_V_F64}; }
+static inline fo_view fo_view_f32(const float *p) { return (fo_view){p, FO_V_F32}; }
+static inline double fo_view_at(fo_view v, int64_t i)
+{
+    return v.type == FO_V_F32 ? (double)((const float *)v.p)[i] : ((const double *)v.p)[i];
+}
+/* fo_acc_add over views of any type pair; the same results as widening both to double first
+ * (each value is converted exactly, then every operation is the double one). */
+void fo_acc_add_view(fo_acc *acc, fo_view a, fo_view b, int64_t n);
+/* 0 turns the hand-written AVX2 float32 kernel off (the compiler-vectorised loop runs instead), 1
+ * back on (the default, where the CPU has AVX2): for tests that check both give the same
+ * answers, and for benchmarks. Not thread-safe; call it before comparing. */
+void fo_metrics_set_simd(int on);
+
 /* Single-tensor summary for `flux-oracle stats`, also streaming. mean/std over finite values
  * (blocks merged with Chan's formula, so std has no catastrophic cancellation). */
 typedef struct fo_summary {
