@@ -50,6 +50,8 @@ static void usage(FILE *o)
           "  --block N         values read per dataset and file at a time [262144]\n"
           "  -h, --help        this help;  -V, --version\n"
           "\n"
+          "Environment: OMP_NUM_THREADS  threads for data passes [all cores]\n"
+          "\n"
           "Exit status: 0 within tolerance (stats: everything finite), 1 divergent (stats: NaN/Inf\n"
           "found), 2 error (unreadable file, not a flux-dump, newer version, bad arguments).\n",
           o);
