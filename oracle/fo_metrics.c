@@ -106,15 +106,20 @@ void fo_acc_init(fo_acc *acc)
  * sub-block holding the largest |a-b| is known and argmax needs a scan of that sub-block only.
  * It does not test finiteness: a NaN or Inf anywhere makes a sum non-finite, and the caller then
  * redoes the block with the careful loop (slow_add), so the all-finite case pays nothing for the
- * rare one. Compiled for AVX2 as well as the baseline; the loader picks (target_clones). */
+ * rare one. On x86-64 compiled for AVX2 as well as the baseline; the loader picks (target_clones). */
 #define FO_SUB 4096
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FO_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FO_CLONES
+#endif
 typedef struct fast_out {
     double saa, sbb, sdd, sab, ma, mb, md;
     int64_t md_sub; /* start of the first sub-block whose max |a-b| is md */
 } fast_out;
 
 #define FAST_PASS(NAME, TA, TB)                                                                       \
-    __attribute__((target_clones("avx2", "default"))) static void NAME(                               \
+    FO_CLONES static void NAME(                                                                       \
         const TA *restrict a, const TB *restrict b, int64_t n, fast_out *r)                            \
     {                                                                                                  \
         double saa = 0, sbb = 0, sdd = 0, sab = 0, ma = 0, mb = 0, md = -1;                            \
