@@ -989,12 +989,12 @@ int fo_stats_run(fo_file *a, int64_t block_elems, fo_stat_report *r, fs_err *e)
             memcpy(en->dtype, info.dtype, sizeof info.dtype);
             fo_summary_init(&en->s);
             for (;;) {
-                const double *x;
+                fo_view x;
                 int64_t off, cnt;
-                if ((rc = fo_stream_next(s, &x, &off, &cnt, e)) || cnt == 0) break;
+                if ((rc = fo_stream_view(s, &x, &off, &cnt, e)) || cnt == 0) break;
                 int64_t before = en->s.first_nonfinite;
-                fo_summary_add(&en->s, x, cnt);
-                if (before < 0 && en->s.first_nonfinite >= 0) en->first_value = x[en->s.first_nonfinite - off];
+                fo_summary_add_view(&en->s, x, cnt);
+                if (before < 0 && en->s.first_nonfinite >= 0) en->first_value = fo_view_at(x, en->s.first_nonfinite - off);
             }
             fo_stream_close(s);
             fo_summary_finish(&en->s);

@@ -355,13 +355,59 @@ void fo_summary_init(fo_summary *s)
     s->max = -INFINITY;
 }
 
-void fo_summary_add(fo_summary *s, const double *x, int64_t n)
+/* The fast pass of fo_summary_add_view for an all-finite block: sum, min, max, then the squared
+ * deviations from the block mean, both vectorisable. A NaN or Inf makes the sum non-finite and
+ * sends the block to the careful loop (as does a sum that overflows). */
+#define SUMMARY_PASS(NAME, T)                                                                          \
+    FO_CLONES static int NAME(const T *restrict x, int64_t n, double *sum, double *mn, double *mx,       \
+                              double *m2)                                                              \
+    {                                                                                                  \
+        double s = 0, lo = INFINITY, hi = -INFINITY;                                                   \
+        _Pragma("omp simd reduction(+ : s) reduction(min : lo) reduction(max : hi)")                   \
+        for (int64_t i = 0; i < n; i++) {                                                              \
+            double v = x[i];                                                                           \
+            s += v, lo = v < lo ? v : lo, hi = v > hi ? v : hi;                                        \
+        }                                                                                              \
+        if (!isfinite(s)) return 0;                                                                    \
+        double mean = s / (double)n, q = 0;                                                            \
+        _Pragma("omp simd reduction(+ : q)")                                                           \
+        for (int64_t i = 0; i < n; i++) q += ((double)x[i] - mean) * ((double)x[i] - mean);            \
+        *sum = s, *mn = lo, *mx = hi, *m2 = q;                                                         \
+        return 1;                                                                                      \
+    }
+SUMMARY_PASS(summary_f32, float)
+SUMMARY_PASS(summary_f64, double)
+
+/* Chan's merge of a block (nf finite values, mean bmean, squared deviations bm2) into s. */
+static void summary_merge(fo_summary *s, int64_t nf, double bmean, double bm2)
 {
-    /* Block mean and M2 by two passes over the (cache-resident) block, then Chan's merge. */
-    double sum = 0, mn = s->min, mx = s->max;
+    int64_t tot = s->n_finite + nf;
+    double delta = bmean - s->mean;
+    s->mean += delta * (double)nf / (double)tot;
+    s->m2 += bm2 + delta * delta * (double)s->n_finite * (double)nf / (double)tot;
+    s->n_finite = tot;
+}
+
+void fo_summary_add_view(fo_summary *s, fo_view xv, int64_t n)
+{
+    if (n <= 0) return;
+    double sum, mn, mx, bm2;
+    int fast = xv.type == FO_V_F32 ? summary_f32(xv.p, n, &sum, &mn, &mx, &bm2)
+                                   : summary_f64(xv.p, n, &sum, &mn, &mx, &bm2);
+    if (fast) {
+        if (mn < s->min) s->min = mn;
+        if (mx > s->max) s->max = mx;
+        summary_merge(s, n, sum / (double)n, bm2);
+        s->n += n;
+        return;
+    }
+    /* The careful loop: non-finite values counted and skipped; block mean and M2 by two passes
+     * over the (cache-resident) block. */
+    double mn0 = s->min, mx0 = s->max;
     int64_t nf = 0;
+    sum = 0;
     for (int64_t i = 0; i < n; i++) {
-        double v = x[i];
+        double v = fo_view_at(xv, i);
         if (!isfinite(v)) {
             if (isnan(v)) s->nan++;
             else s->inf++;
@@ -369,29 +415,30 @@ void fo_summary_add(fo_summary *s, const double *x, int64_t n)
             continue;
         }
         sum += v;
-        if (v < mn) mn = v;
-        if (v > mx) mx = v;
+        if (v < mn0) mn0 = v;
+        if (v > mx0) mx0 = v;
         nf++;
     }
-    s->min = mn, s->max = mx;
+    s->min = mn0, s->max = mx0;
     if (nf) {
-        double bmean = sum / (double)nf, bm2 = 0;
+        double bmean = sum / (double)nf;
         if (!isfinite(bmean)) { /* sum overflowed: mean of scaled values */
             long double ls = 0;
             for (int64_t i = 0; i < n; i++)
-                if (isfinite(x[i])) ls += x[i];
+                if (isfinite(fo_view_at(xv, i))) ls += fo_view_at(xv, i);
             bmean = (double)(ls / nf);
         }
-        for (int64_t i = 0; i < n; i++)
-            if (isfinite(x[i])) bm2 += (x[i] - bmean) * (x[i] - bmean);
-        int64_t tot = s->n_finite + nf;
-        double delta = bmean - s->mean;
-        s->mean += delta * (double)nf / (double)tot;
-        s->m2 += bm2 + delta * delta * (double)s->n_finite * (double)nf / (double)tot;
-        s->n_finite = tot;
+        bm2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double v = fo_view_at(xv, i);
+            if (isfinite(v)) bm2 += (v - bmean) * (v - bmean);
+        }
+        summary_merge(s, nf, bmean, bm2);
     }
     s->n += n;
 }
+
+void fo_summary_add(fo_summary *s, const double *x, int64_t n) { fo_summary_add_view(s, fo_view_f64(x), n); }
 
 void fo_summary_finish(fo_summary *s)
 {

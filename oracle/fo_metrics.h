@@ -83,6 +83,7 @@ typedef struct fo_summary {
 } fo_summary;
 void fo_summary_init(fo_summary *s);
 void fo_summary_add(fo_summary *s, const double *x, int64_t n);
+void fo_summary_add_view(fo_summary *s, fo_view x, int64_t n); /* the same, values as stored */
 void fo_summary_finish(fo_summary *s);
 
 /* 1 when nothing on either side is NaN or Inf. */

@@ -115,7 +115,8 @@ static void test_streaming_equals_oneshot(void **state)
 /* fo_acc_add_view on float32/float64 views, any pairing, equals fo_compare on the values widened
  * to double: exactly for counts, maxima and argmax (first index on ties, even when the tie spans
  * sub-blocks and parallel parts), to rounding for the sums; with the AVX2 kernel and without,
- * and bit for bit the same whatever the thread count. */
+ * and bit for bit the same whatever the thread count. fo_summary_add_view likewise equals a
+ * two-pass mean/std. */
 static void test_views_equal_widened(void **state)
 {
     (void)state;
@@ -164,6 +165,30 @@ static void test_views_equal_widened(void **state)
                     assert_int_equal(s->first_nonfinite, ref.first_nonfinite);
                     assert_int_equal(s->n_nonfinite_mismatch, round ? 2 : 0);
                 }
+        /* the summary of `stats`, float32 and float64 views, against a two-pass reference */
+        double mean = 0, m2 = 0, lo = INFINITY, hi = -INFINITY;
+        int64_t nf = 0;
+        for (int i = 0; i < NV; i++)
+            if (isfinite(ad[i])) mean += ad[i], nf++, lo = ad[i] < lo ? ad[i] : lo, hi = ad[i] > hi ? ad[i] : hi;
+        mean /= (double)nf;
+        for (int i = 0; i < NV; i++)
+            if (isfinite(ad[i])) m2 += (ad[i] - mean) * (ad[i] - mean);
+        for (size_t k = 0; k < FS_ARRAY_LEN(blocks); k++)
+            for (int f32 = 0; f32 < 2; f32++) {
+                fo_summary sm;
+                fo_summary_init(&sm);
+                for (int64_t o = 0; o < NV; o += blocks[k])
+                    fo_summary_add_view(&sm, f32 ? fo_view_f32(af + o) : fo_view_f64(ad + o),
+                                        o + blocks[k] > NV ? NV - o : blocks[k]);
+                fo_summary_finish(&sm);
+                assert_int_equal(sm.n, NV);
+                assert_int_equal(sm.n_finite, nf);
+                assert_int_equal(sm.nan, round);
+                assert_int_equal(sm.first_nonfinite, round ? 100000 : -1);
+                assert_true(sm.min == lo && sm.max == hi);
+                assert_true(fabs(sm.mean - mean) <= 1e-12 * fabs(mean) + 1e-15);
+                assert_true(fabs(sm.std - sqrt(m2 / (double)nf)) <= 1e-12 * sqrt(m2 / (double)nf));
+            }
     }
     fo_metrics_set_simd(1);
     omp_set_num_threads(omp_get_num_procs());
