@@ -57,6 +57,7 @@ run "flux-oracle diff" "$OR" diff -q "$DIR/A.h5" "$DIR/B.h5"
 # cores (OpenMP). The one-thread run shows what that overlap is worth.
 run "flux-oracle diff (1 thread)" env OMP_NUM_THREADS=1 "$OR" diff -q "$DIR/A.h5" "$DIR/B.h5"
 run "h5diff -p 1e-4" h5diff -p 1e-4 "$DIR/A.h5" "$DIR/B.h5"
+run "flux-oracle stats (A only)" "$OR" stats -q "$DIR/A.h5"
 o=$(cat "$DIR/flux-oracle diff.median"); o1=$(cat "$DIR/flux-oracle diff (1 thread).median")
 h=$(cat "$DIR/h5diff -p 1e-4.median")
 awk -v o="$o" -v o1="$o1" -v h="$h" -v c="$(nproc)" 'BEGIN {
