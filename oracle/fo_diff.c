@@ -407,10 +407,8 @@ static const char *nonfinite_word(double v) { return isnan(v) ? "NaN" : v > 0 ? 
  * streams and settles shapes and rank attribution; diff_pass streams A, B (and the truth) in
  * lockstep and judges. A job whose streams all read without HDF5 (fo_stream_direct) may pass on
  * another thread while the next job opens: see fo_diff_run. */
-typedef struct diff_job {
-    int idx;                 /* its entry in the report */
-    char ga[64], gb[64], gt[64];
-    int have_t;
+typedef struct diff_job {  /* jobs[k] fills the report's entry k */
+    char ga[64], gb[64], gt[64]; /* gt "" when the truth lacks the group */
     fo_stream *sa, *sb, *st; /* st NULL: no truth for this dataset */
     fo_dataset ia;           /* A's shape (B's too, unless the entry is FO_SHAPE) */
     fo_shard shard;
@@ -432,7 +430,7 @@ static void job_release(diff_job *j)
 static int diff_open(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
 {
     char pa[1024], pb[1024], pt[1024], sa_[160], sb_[160];
-    const char *ga = j->ga, *gb = j->gb, *gt = j->have_t ? j->gt : NULL;
+    const char *ga = j->ga, *gb = j->gb, *gt = j->gt[0] ? j->gt : NULL;
     snprintf(pa, sizeof pa, "%s/%s", ga, en->name);
     snprintf(pb, sizeof pb, "%s/%s", gb, en->name);
     fo_dataset ia = {0}, ib = {0}, it = {0};
@@ -529,8 +527,7 @@ static int diff_pass(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
         if (ab.s.n_nonfinite_mismatch != prev_mm && first_mismatch < 0) {
             for (int64_t i = 0; i < na; i++) {
                 double x = fo_view_at(xa, i), y = fo_view_at(xb, i);
-                if (isfinite(x) && isfinite(y)) continue;
-                if ((isnan(x) && isnan(y)) || (!isfinite(x) && !isfinite(y) && x == y)) continue;
+                if (!fo_nonfinite_mismatch(x, y)) continue;
                 first_mismatch = off + i, fm_a = x, fm_b = y;
                 break;
             }
@@ -695,11 +692,9 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
             }
             diff_job *j = &jobs[nj++];
             memset(j, 0, sizeof *j);
-            j->idx = r->n - 1;
             snprintf(j->ga, sizeof j->ga, "%s", ga);
             snprintf(j->gb, sizeof j->gb, "%s", gb);
             snprintf(j->gt, sizeof j->gt, "%s", have_t ? gt : "");
-            j->have_t = have_t;
         }
         for (int i = 0; i < nb.n && !rc; i++)
             if (!has_name(sa, na.n, nb.v[i]) && names_push(&r->only_b, groups[g].group, nb.v[i]))
@@ -719,7 +714,7 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
 #pragma omp single
         for (int k = 0; k < nj; k++) {
             diff_job *j = &jobs[k];
-            fo_entry *en = &r->v[j->idx];
+            fo_entry *en = &r->v[k];
             j->rc = diff_open(&c, j, en, &j->err);
             if (j->rc || en->kind == FO_SHAPE) {
                 job_release(j);

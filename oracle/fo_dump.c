@@ -702,11 +702,23 @@ fail:
     return rc;
 }
 
-int fo_stream_direct(const fo_stream *s) { return s && s->direct && s->d < 0 && s->fspace < 0; }
+int fo_stream_direct(const fo_stream *s) { return s && s->direct; }
+
+/* s->buf holds at least n doubles. */
+static int grow_buf(fo_stream *s, int64_t n, fs_err *e)
+{
+    if ((size_t)n <= s->cap) return FS_OK;
+    double *p = realloc(s->buf, (size_t)n * sizeof *p);
+    if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)n);
+    s->buf = p;
+    s->cap = (size_t)n;
+    return FS_OK;
+}
 
 int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e)
 {
     char cause[256];
+    int rc;
     *v = fo_view_f64(NULL);
     *off = s->off;
     *n = 0;
@@ -757,12 +769,7 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
         s->off += cnt;
         return FS_OK;
     }
-    if ((size_t)cnt > s->cap) {
-        double *p = realloc(s->buf, (size_t)cnt * sizeof *p);
-        if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)cnt);
-        s->buf = p;
-        s->cap = (size_t)cnt;
-    }
+    if ((rc = grow_buf(s, cnt, e))) return rc;
     herr_t r;
     if (s->ndim == 0) {
         r = H5Dread(s->d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->buf);
@@ -790,12 +797,7 @@ int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, 
         *data = v.p;
         return FS_OK;
     }
-    if ((size_t)*n > s->cap) {
-        double *p = realloc(s->buf, (size_t)*n * sizeof *p);
-        if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)*n);
-        s->buf = p;
-        s->cap = (size_t)*n;
-    }
+    if ((rc = grow_buf(s, *n, e))) return rc;
     const float *x = v.p;
     for (int64_t i = 0; i < *n; i++) s->buf[i] = (double)x[i];
     *data = s->buf;

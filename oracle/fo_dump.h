@@ -102,9 +102,9 @@ int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream 
 /* The next block: *n values starting at flat index *off; *n == 0 after the last block. *data is
  * owned by the stream and valid until the next call. */
 int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, fs_err *e);
-/* The same block as stored (float32 or float64) instead of widened to double: for contiguous
- * float datasets a view straight into the mapped file, else the double buffer. Valid until the
- * next call or close. */
+/* The same block as stored (float32 or float64) instead of widened to double: for direct streams
+ * (below) the block as read from the file, else HDF5's double conversion. Valid until the next
+ * call or close. */
 int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e);
 /* 1 when the stream's blocks are read straight from the file, without HDF5: such a stream may be
  * read (fo_stream_view, fo_stream_next) and closed on another thread than the one that opened

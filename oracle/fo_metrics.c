@@ -40,8 +40,7 @@ void fo_compare(const double *a, const double *b, int64_t n, fo_stats *s)
             else if (!fx) s->inf_a++;
             if (isnan(y)) s->nan_b++;
             else if (!fy) s->inf_b++;
-            int same = (isnan(x) && isnan(y)) || (!fx && !fy && x == y);
-            if (!same) s->n_nonfinite_mismatch++;
+            s->n_nonfinite_mismatch += fo_nonfinite_mismatch(x, y);
             if (s->first_nonfinite < 0) s->first_nonfinite = i;
             continue;
         }
@@ -148,7 +147,7 @@ FAST_PASS(fast_df, double, float)
 /* float32 against float32, the common case (two float32 dumps), by hand for AVX2: the compiler's
  * version of the loop above keeps 14 accumulators and spills them, while this one widens eight
  * pairs per step into two double vectors and adds their products before accumulating (half the
- * dependent adds), and takes max|a|, max|b| on the floats themselves (exact). 1.5x faster on the
+ * dependent adds), and takes max|a|, max|b| on the floats themselves (exact). 1.45x faster on the
  * metric pass. Same results as fast_ff_c up to the order of the sums. */
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -238,8 +237,7 @@ static void slow_add(fo_acc *acc, fo_view a, fo_view b, int64_t n)
             else if (!isfinite(x)) s->inf_a++;
             if (isnan(y)) s->nan_b++;
             else if (!isfinite(y)) s->inf_b++;
-            int same = (isnan(x) && isnan(y)) || (!isfinite(x) && !isfinite(y) && x == y);
-            if (!same) s->n_nonfinite_mismatch++;
+            s->n_nonfinite_mismatch += fo_nonfinite_mismatch(x, y);
             if (s->first_nonfinite < 0) s->first_nonfinite = base + i;
             continue;
         }

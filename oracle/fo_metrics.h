@@ -52,8 +52,8 @@ void fo_acc_add(fo_acc *acc, const double *a, const double *b, int64_t n);
 void fo_acc_finish(fo_acc *acc, fo_stats *out);
 
 /* A block of values as stored: float32 or float64, so a float32 dump is compared without first
- * being widened into a double copy (fo_stream_view hands out such views, often pointing straight
- * into the mapped file). Values are widened to double one at a time inside the metric pass. */
+ * being widened into a double copy (fo_stream_view hands out such views). Values are widened to
+ * double one at a time inside the metric pass. */
 typedef enum fo_vtype { FO_V_F64 = 0, FO_V_F32 = 1 } fo_vtype;
 typedef struct fo_view {
     const void *p;
@@ -85,6 +85,14 @@ void fo_summary_init(fo_summary *s);
 void fo_summary_add(fo_summary *s, const double *x, int64_t n);
 void fo_summary_add_view(fo_summary *s, fo_view x, int64_t n); /* the same, values as stored */
 void fo_summary_finish(fo_summary *s);
+
+/* 1 when x and y are not the same non-finite value although one of them is non-finite: NaN vs a
+ * number, +Inf vs -Inf, Inf vs a number (NaN == NaN here). What n_nonfinite_mismatch counts. */
+static inline int fo_nonfinite_mismatch(double x, double y)
+{
+    if (isfinite(x) && isfinite(y)) return 0;
+    return !((isnan(x) && isnan(y)) || (!isfinite(x) && !isfinite(y) && x == y));
+}
 
 /* 1 when nothing on either side is NaN or Inf. */
 static inline int fo_stats_all_finite(const fo_stats *s)
