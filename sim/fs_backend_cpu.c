@@ -1,5 +1,7 @@
-/* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest.
- * Each kernel is written once in fs_kernels_cpu.inc and instantiated for float and double. */
+/* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest, memory
+ * that is ordinary host memory (host_addressable: MPI and recorders use it in place; uploads and
+ * downloads are memcpy, or nothing when source and destination coincide).
+ * Each kernel is written once in fs_kernels_cpu.inc and instantiated per dtype. */
 #include <cblas.h>
 #include <malloc.h>
 #include <math.h>
@@ -7,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs_backend.h"
+#include "fs_backend_cpu.h"
 
 #define T float
 #define SFX f32
@@ -41,71 +43,131 @@
 #undef TANH
 #undef LOG1P
 
-/* Dispatch on the dtype of the first tensor argument. */
-#define DISPATCH(dt, fn, ...) ((dt) == FS_F64 ? fn##_f64(__VA_ARGS__) : fn##_f32(__VA_ARGS__))
+const char *fs_lse_layout_name(fs_lse_layout l) { return l == FS_LSE_BSH ? "bsh" : "bhs"; }
 
-static void cpu_gemm(fs_dtype dt, int trans_b, int64_t M, int64_t N, int64_t Kd, double alpha, const void *A,
-                     int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+/* ---------------------------------------------------------------- memory */
+
+static int cpu_alloc(fs_backend *be, size_t bytes, void **p, fs_err *e)
 {
-    DISPATCH(dt, gemm, trans_b, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
+    /* 64-byte alignment: what OpenBLAS and AVX-512 loads like best */
+    size_t n = (bytes + 63) / 64 * 64;
+    *p = aligned_alloc(64, n ? n : 64);
+    if (!*p) return fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes", bytes);
+    return FS_OK;
 }
-static void cpu_copy2d(fs_dtype dt, void *dst, int64_t ld_dst, const void *src, int64_t ld_src, int64_t rows,
-                       int64_t cols)
+static void cpu_free(fs_backend *be, void *p) { free(p); }
+static int cpu_memset(fs_backend *be, void *p, int v, size_t n, fs_err *e)
 {
-    size_t es = fs_dtype_size(dt);
-    for (int64_t r = 0; r < rows; r++)
-        memcpy((char *)dst + (size_t)(r * ld_dst) * es, (const char *)src + (size_t)(r * ld_src) * es,
-               (size_t)cols * es);
+    if (n) memset(p, v, n);
+    return FS_OK;
 }
-static void cpu_add_bias(fs_tensor *y, const void *b, int64_t N) { DISPATCH(y->dtype, add_bias, y, b, N); }
-static void cpu_add(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { DISPATCH(y->dtype, add, y, x, z); }
-static void cpu_silu(fs_tensor *y, const fs_tensor *x) { DISPATCH(y->dtype, silu, y, x); }
-static void cpu_gelu_tanh(fs_tensor *y, const fs_tensor *x) { DISPATCH(y->dtype, gelu_tanh, y, x); }
-static void cpu_layernorm(fs_tensor *y, const fs_tensor *x, int64_t D, double eps)
+/* One 2-D copy for all three directions: host memory on both sides. */
+static int cpu_copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t rows, fs_err *e)
 {
-    DISPATCH(y->dtype, layernorm, y, x, D, eps);
+    if (!w || !rows || dst == src) return FS_OK;
+    if (dp == w && sp == w) {
+        memmove(dst, src, w * rows);
+        return FS_OK;
+    }
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dp, (const char *)src + r * sp, w);
+    return FS_OK;
 }
-static void cpu_rmsnorm(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps)
+static int cpu_sync(fs_backend *be, fs_err *e) { return FS_OK; }
+static int cpu_host_alloc(fs_backend *be, size_t bytes, void **p, fs_err *e)
 {
-    DISPATCH(y->dtype, rmsnorm, y, x, w, eps);
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes of staging", bytes);
 }
-static void cpu_modulate(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift)
+static void cpu_host_free(fs_backend *be, void *p) { free(p); }
+
+/* ---------------------------------------------------------------- compute */
+
+/* The instance for the dtype of the first tensor argument; bfloat16 is not served by these
+ * kernels (yet): an error naming the op, never a silent wrong answer. */
+#define DISPATCH(op, dt, ...)                                                                              \
+    do {                                                                                                   \
+        switch (dt) {                                                                                      \
+        case FS_F32: op##_f32(__VA_ARGS__); return FS_OK;                                                  \
+        case FS_F64: op##_f64(__VA_ARGS__); return FS_OK;                                                  \
+        default: return fs_errf(e, FS_E_INPUT, "cpu backend: %s on %s is not supported", #op, fs_dtype_name(dt)); \
+        }                                                                                                  \
+    } while (0)
+
+static int cpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                    const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
-    DISPATCH(y->dtype, modulate, y, x, scale, shift);
+    DISPATCH(gemm, dt, M, N, K, A, lda, W, ldw, bias, C, ldc);
 }
-static void cpu_gated_add(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y)
+static int cpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e) { return fs_tensor_copy(y, x, e); }
+static int cpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
 {
-    DISPATCH(x->dtype, gated_add, x, gate, y);
+    DISPATCH(add, y->dtype, y, x, z);
 }
-static void cpu_rope(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin) { DISPATCH(x->dtype, rope, x, cos, sin); }
-static int cpu_attention(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
+static int cpu_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e) { DISPATCH(add_bias, y->dtype, y, b); }
+static int cpu_axpby(fs_backend *be, fs_tensor *y, double a, const fs_tensor *x, double b, fs_err *e)
+{
+    DISPATCH(axpby, y->dtype, y, a, x, b);
+}
+static int cpu_silu(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e) { DISPATCH(silu, y->dtype, y, x); }
+static int cpu_gelu_tanh(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
+{
+    DISPATCH(gelu_tanh, y->dtype, y, x);
+}
+static int cpu_layernorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, double eps, fs_err *e)
+{
+    DISPATCH(layernorm, y->dtype, y, x, eps);
+}
+static int cpu_rmsnorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
+{
+    DISPATCH(rmsnorm, y->dtype, y, x, w, eps);
+}
+static int cpu_modulate(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift,
+                        fs_err *e)
+{
+    DISPATCH(modulate, y->dtype, y, x, scale, shift);
+}
+static int cpu_gated_add(fs_backend *be, fs_tensor *x, const fs_tensor *gate, const fs_tensor *y, fs_err *e)
+{
+    DISPATCH(gated_add, x->dtype, x, gate, y);
+}
+static int cpu_rope(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
+{
+    DISPATCH(rope, x->dtype, x, cos, sin);
+}
+static int cpu_attention(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                          const fs_tensor *v, double scale, fs_err *e)
 {
-    return DISPATCH(q->dtype, attention, out, lse, layout, q, k, v, scale, e);
+    switch (q->dtype) {
+    case FS_F32: return attention_f32(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_F64: return attention_f64(out, lse, be->lse_layout, q, k, v, scale, e);
+    default: return fs_errf(e, FS_E_INPUT, "cpu backend: attention on %s is not supported", fs_dtype_name(q->dtype));
+    }
 }
-
-static void cpu_ring_merge(fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
-                           fs_lse_layout layout)
+static int cpu_lse_convert(fs_backend *be, fs_tensor *dst, fs_lse_layout dl, const fs_tensor *src, fs_lse_layout sl,
+                           int64_t B, int64_t H, int64_t S, fs_err *e)
 {
-    DISPATCH(out->dtype, ring_merge, out, lse, out_i, lse_i, layout);
+    if (fs_tensor_numel(dst) < B * H * S || fs_tensor_numel(src) < B * H * S)
+        return fs_errf(e, FS_E_INTERNAL, "lse_convert: tensors smaller than B·H·S = %lld", (long long)(B * H * S));
+    DISPATCH(lse_convert, dst->dtype, dst, dl, src, sl, B, H, S);
+}
+static int cpu_ring_merge(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
+                          fs_err *e)
+{
+    DISPATCH(ring_merge, out->dtype, out, lse, out_i, lse_i);
 }
 
-static fs_backend cpu = {
-    .name = "cpu-openblas",
-    .gemm = cpu_gemm,
-    .copy2d = cpu_copy2d,
-    .add_bias = cpu_add_bias,
-    .add = cpu_add,
-    .silu = cpu_silu,
-    .gelu_tanh = cpu_gelu_tanh,
-    .layernorm = cpu_layernorm,
-    .rmsnorm = cpu_rmsnorm,
-    .modulate = cpu_modulate,
-    .gated_add = cpu_gated_add,
-    .rope = cpu_rope,
-    .attention = cpu_attention,
-    .ring_merge = cpu_ring_merge,
-};
+#define CPU_OPS                                                                                              \
+    .alloc = cpu_alloc, .free = cpu_free, .memset = cpu_memset, .upload2d = cpu_copy2d, .download2d = cpu_copy2d, \
+    .copy2d = cpu_copy2d, .sync = cpu_sync, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free,          \
+    .gemm = cpu_gemm, .convert = cpu_convert, .add = cpu_add, .add_bias = cpu_add_bias, .axpby = cpu_axpby,    \
+    .silu = cpu_silu, .gelu_tanh = cpu_gelu_tanh, .layernorm = cpu_layernorm, .rmsnorm = cpu_rmsnorm,          \
+    .modulate = cpu_modulate, .gated_add = cpu_gated_add, .rope = cpu_rope, .attention = cpu_attention,       \
+    .lse_convert = cpu_lse_convert, .ring_merge = cpu_ring_merge
+
+static fs_backend cpu = {.name = "cpu", .host_addressable = 1, .lse_layout = FS_LSE_BHS, CPU_OPS};
+
+/* The same kernels, for the strict backend to call with untagged pointers. */
+const fs_backend *fs_backend_cpu_kernels(void) { return &cpu; }
 
 fs_backend *fs_backend_cpu(void)
 {

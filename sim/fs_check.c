@@ -99,8 +99,11 @@ static int ref_record(void *ctx, const char *name, const fs_tensor *t, const fs_
     r->step = ck->ref_step;
     snprintf(r->name, sizeof r->name, "%s", name);
     int rc = fs_tensor_alloc(&r->t, t->dtype, t->ndim, t->shape, e);
-    if (rc) return rc;
-    fs_tensor_copy(&r->t, t, e);
+    if (!rc) rc = fs_tensor_download(&r->t, t, e); /* a copy on the host: the recorder's own */
+    if (rc) {
+        fs_tensor_free(&r->t);
+        return rc;
+    }
     ck->nref++;
     return FS_OK;
 }
@@ -161,12 +164,17 @@ static const char *axis_names(int ndim)
     }
 }
 
-static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const fs_shard *sh, fs_err *e)
 {
     fs_check *ck = ctx;
     const fs_par *p = ck->par;
     fs_gathered g;
-    int rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
+    /* what this rank holds, on the host: gathered, and handed to gdb on a divergence */
+    fs_tensor local;
+    int rc = fs_tensor_host_view(dev, &local, e);
+    if (rc) return rc;
+    const fs_tensor *t = &local;
+    rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
     int verdict = rc ? FS_E_INTERNAL : FS_OK;
     if (!rc && p->rank == 0) {
         char lay[128], pieces[256] = "", sbuf[96], rbuf[96];
@@ -304,6 +312,7 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
         fs_tensor_free(&glob);
     }
     fs_gathered_free(&g);
+    fs_tensor_free(&local);
     if (verdict == FS_DIVERGED) {
         ck->diverged = 1;
         return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);

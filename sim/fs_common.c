@@ -33,5 +33,5 @@ int fs_err_prefix(fs_err *e, const char *fmt, ...)
     return e->code;
 }
 
-size_t fs_dtype_size(fs_dtype dt) { return dt == FS_F64 ? 8 : 4; }
-const char *fs_dtype_name(fs_dtype dt) { return dt == FS_F64 ? "float64" : "float32"; }
+size_t fs_dtype_size(fs_dtype dt) { return dt == FS_F64 ? 8 : dt == FS_BF16 ? 2 : 4; }
+const char *fs_dtype_name(fs_dtype dt) { return dt == FS_F64 ? "float64" : dt == FS_BF16 ? "bfloat16" : "float32"; }

@@ -9,6 +9,7 @@
 #define FS_WEIGHTS_H
 
 #include "fs_config.h"
+#include "fs_plan.h"
 #include "fs_tensor.h"
 
 typedef struct fs_mapping {
@@ -42,24 +43,27 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
 
-/* Which part of parameter `d` TP rank t of T holds under `plan`: rows [r0, r1) and the column
- * intervals (1 or 2; packed_rowwise has 2). sharded == 0: the whole tensor. */
-typedef struct fs_wshard {
-    int sharded;
-    int64_t r0, r1;
-    int nc;
-    int64_t c[2][2];
-} fs_wshard;
+/* Which part of parameter `d` TP rank t of T holds under `plan`: the TP split of its Linear
+ * (fs_tp_split_of, the one owner of that arithmetic): rows [r0, r1) and the column intervals.
+ * RMSNorm weights and parameters of replicated Linears get the whole tensor. */
 struct fs_plan;
 int fs_weights_shard_of(const fs_param_desc *d, const struct fs_plan *plan, const fs_config *c, int T, int t,
-                        fs_wshard *s, fs_err *e);
+                        const fs_inject *inj, fs_tp_split *s, fs_err *e);
 /* Synthetic weights, only rank t's shard of each plan-split Linear (bit-identical to the same
  * elements of the full tensors: the RNG is addressed by element). */
 int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed,
-                               const struct fs_plan *plan, int T, int t, fs_err *e);
+                               const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
 /* Cut full weights down to rank t's shards in place: colwise row slices of an mmap'd tensor stay
- * views (no copy); column slices (rowwise, packed_rowwise) are copied. */
-int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, fs_err *e);
+ * views (no copy); column slices (rowwise, packed_rowwise) are copied. With --inject
+ * fused-qkv-contiguous the q/k/v projections are cut from their fused [q; k; v] instead (the bug
+ * needs every rank's full q, k and v, so it only exists here, not in synthetic shards). */
+int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
+
+/* The weights as a backend computes with them: `on` gets the same names and shapes, its tensors
+ * in the memory of `be` — views of w's tensors when be's memory is host-addressable (the CPU
+ * backend: nothing is copied), uploaded copies otherwise (a GPU, cpu-strict). w must outlive on;
+ * fs_weights_free(on) frees only what was uploaded. */
+int fs_weights_on(const fs_weights *w, struct fs_backend *be, fs_weights *on, fs_err *e);
 
 /* Tensor by diffusers name, NULL if the config has no such parameter. */
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name);

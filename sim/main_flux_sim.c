@@ -5,6 +5,8 @@
  * divergence, 2 usage or input error (one line on stderr naming file, tensor and cause; no
  * output file left behind). */
 #include <errno.h>
+#include <signal.h>
+#include <unistd.h>
 #include <getopt.h>
 #include <sys/stat.h>
 #include <math.h>
@@ -16,12 +18,14 @@
 #include <cjson/cJSON.h>
 
 #include "fs_check.h"
+#include "fs_cleanup.h"
 #include "fs_debug.h"
 #include "fs_comm.h"
 #include "fs_dump.h"
 #include "fs_gather.h"
 #include "fs_model.h"
 #include "fs_sampler.h"
+#include "fs_sink.h"
 
 #define FLUX_SIM_VERSION "0.1.0"
 
@@ -90,7 +94,8 @@ static void usage(FILE *f)
 }
 
 typedef struct opts {
-    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate;
+    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
+        *backend, *lse_layout;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
     double rtol, rtol_max;
@@ -123,7 +128,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -140,12 +145,16 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"rtol-max", required_argument, 0, O_RTOLMAX}, {"dump-per-rank", required_argument, 0, O_DPR},
         {"comm-stats", no_argument, 0, O_CSTATS},     {"inject", required_argument, 0, O_INJECT},
         {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
+        {"backend", required_argument, 0, O_BACKEND}, {"lse-layout", required_argument, 0, O_LSE},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->wait_rank = -1;
     o->config = NULL;
     o->precision = "fp32";
+    /* the environment sets the default backend, so a whole test suite or CI job can run on
+     * another backend without touching its command lines (FLUX_SIM_BACKEND=cpu-strict make test) */
+    o->backend = getenv("FLUX_SIM_BACKEND") && *getenv("FLUX_SIM_BACKEND") ? getenv("FLUX_SIM_BACKEND") : "cpu";
     o->gen = (fs_gen_params){.seed = 0, .batch = 1, .grid_h = 16, .grid_w = 16, .txt_len = 32, .steps = 4,
                              .guidance = 3.5};
     opterr = 0;
@@ -180,6 +189,12 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_CSTATS: o->comm_stats = 1; break;
         case O_BREAK: o->brk = 1; break;
         case O_WAIT: rc = parse_int(optarg, "--wait-for-debugger", 0, &o->wait_rank, e); break;
+        case O_BACKEND: o->backend = optarg; break;
+        case O_LSE:
+            o->lse_layout = optarg;
+            if (strcmp(optarg, "bhs") && strcmp(optarg, "bsh"))
+                rc = fs_errf(e, FS_E_INPUT, "--lse-layout: '%s' is not bhs or bsh", optarg);
+            break;
         case O_INJECT:
             if (!strcmp(optarg, "list")) {
                 printf("Bugs --inject re-creates in the parallel code path (docs/bugs.md):\n%s", fs_inject_catalogue());
@@ -236,133 +251,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     return FS_OK;
 }
 
-/* ---- recording consumers: the dump (global layout), --check, or both ---- */
-
-typedef struct sink {
-    fs_dump *dump;        /* serial dump, or every rank's handle of the parallel (MPI-IO) dump */
-    fs_dump *local;       /* --dump-per-rank: this rank's file */
-    cJSON *local_sharding;
-    fs_check *check;
-    const fs_par *par;
-    int gather;           /* parallel run: gather every tensor to rank 0 before dumping */
-    cJSON *sharding;      /* name -> distribution, for the `parallel` attribute (first step) */
-    int step;
-} sink;
-
-static int sink_begin(void *ctx, int step, double t, double sg, double sn, fs_err *e)
-{
-    sink *k = ctx;
-    k->step = step;
-    int rc = FS_OK;
-    if (k->check) {
-        fs_step_hooks h = fs_check_hooks(k->check);
-        rc = h.begin_step(h.ctx, step, t, sg, sn, e);
-    }
-    if (!rc && k->dump) rc = fs_dump_begin_step(k->dump, step, t, sg, sn, e);
-    if (!rc && k->local) rc = fs_dump_begin_step(k->local, step, t, sg, sn, e);
-    return rc;
-}
-
-static int sink_end(void *ctx, int step, fs_err *e)
-{
-    sink *k = ctx;
-    int rc = k->dump ? fs_dump_end_step(k->dump, e) : FS_OK;
-    if (!rc && k->local) rc = fs_dump_end_step(k->local, e);
-    return rc;
-}
-
-/* flux-dump `sharding` entry of one dataset from every rank's piece. */
-static cJSON *sharding_json(const fs_piece *pieces, int world)
-{
-    const fs_piece *p0 = &pieces[0];
-    if (p0->sh.ndims == 0) return cJSON_CreateString("replicated");
-    cJSON *dims = cJSON_CreateArray();
-    for (int k = 0; k < p0->sh.ndims; k++) {
-        cJSON *o = cJSON_CreateObject(), *ranges = cJSON_CreateArray();
-        cJSON_AddNumberToObject(o, "dim", p0->sh.d[k].dim);
-        for (int r = 0; r < world; r++) {
-            cJSON *rr = cJSON_CreateArray();
-            const fs_shard_dim *d = &pieces[r].sh.d[k];
-            for (int i = 0; i < d->n; i++) {
-                double iv[2] = {(double)d->iv[i][0], (double)d->iv[i][1]};
-                cJSON_AddItemToArray(rr, cJSON_CreateDoubleArray(iv, 2));
-            }
-            cJSON_AddItemToArray(ranges, rr);
-        }
-        cJSON_AddItemToObject(o, "ranges", ranges);
-        cJSON_AddItemToArray(dims, o);
-    }
-    if (p0->sh.ndims == 1) {
-        cJSON *one = cJSON_DetachItemFromArray(dims, 0);
-        cJSON_Delete(dims);
-        return one;
-    }
-    cJSON *o = cJSON_CreateObject(); /* split on two axes: the flux-dump extension key "dims" */
-    cJSON_AddItemToObject(o, "dims", dims);
-    return o;
-}
-
-static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
-{
-    sink *k = ctx;
-    int rc = FS_OK;
-    if (k->check) {
-        fs_recorder r = fs_check_recorder(k->check);
-        if ((rc = r.fn(r.ctx, name, t, sh, e))) return rc;
-    }
-    if (k->local) { /* this rank's view; at step 0 learn every rank's piece for the sharding map */
-        if ((rc = fs_dump_record(k->local, name, t, e))) fs_comm_abort(2);
-        if (k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->local_sharding, name)) {
-            fs_piece *all = calloc((size_t)k->par->world, sizeof *all);
-            if (!all) fs_comm_abort(FS_E_NOMEM);
-            fs_pieces_allgather(k->par->g_world, t, sh, all);
-            cJSON_AddItemToObject(k->local_sharding, name, sharding_json(all, k->par->world));
-            free(all);
-        }
-    }
-    if (!k->dump) return FS_OK;
-    if (!k->gather) return fs_dump_record(k->dump, name, t, e);
-    /* parallel HDF5: every rank learns every piece (descriptors only), so all agree on the
-     * global shape and on who writes each duplicate, then each writes its own hyperslab */
-    const int W = k->par->world, me = k->par->rank;
-    fs_piece *all = calloc((size_t)W, sizeof *all);
-    int64_t gshape[FS_MAX_DIMS];
-    if (!all) fs_comm_abort(FS_E_NOMEM);
-    fs_pieces_allgather(k->par->g_world, t, sh, all);
-    if (fs_pieces_global_shape(all, W, gshape)) rc = fs_errf(e, FS_E_INTERNAL, "%s: ranks hold incompatible pieces", name);
-    if (!rc) rc = fs_dump_record_piece(k->dump, name, t, sh, gshape, fs_pieces_first_holder(all, W, me) == me, e);
-    if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
-        cJSON_AddItemToObject(k->sharding, name, sharding_json(all, W));
-    free(all);
-    /* a failed write on one rank must stop every rank at the same record */
-    if (fs_allreduce_max_int(k->par->g_world, rc) && !rc) rc = fs_errf(e, FS_E_IO, "another rank failed writing the dump");
-    return rc;
-}
-
 static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The flux-dump `parallel` attribute: world, mesh, optional rank (-1: a global dump), extras,
- * and the sharding map (consumed). */
-static char *parallel_json(const fs_par *par, int rank, const char *plan_source, cJSON *sharding)
-{
-    cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
-    cJSON_AddNumberToObject(pj, "world", par->world);
-    if (rank >= 0) cJSON_AddNumberToObject(pj, "rank", rank);
-    cJSON_AddNumberToObject(mesh, "tp", par->tp);
-    cJSON_AddNumberToObject(mesh, "ulysses", par->ulysses);
-    cJSON_AddNumberToObject(mesh, "ring", par->ring);
-    cJSON_AddItemToObject(pj, "mesh", mesh);
-    cJSON_AddStringToObject(pj, "ring_rotate", par->rotate == FS_RING_P2P ? "p2p" : "allgather");
-    cJSON_AddStringToObject(pj, "tp_plan", plan_source);
-    cJSON_AddItemToObject(pj, "sharding", sharding);
-    char *js = cJSON_PrintUnformatted(pj);
-    cJSON_Delete(pj);
-    return js;
 }
 
 /* All ranks agree on an error: the worst code wins; rank 0 reports it (its own message, or a
@@ -383,6 +276,17 @@ static int load_config(const char *name, fs_config *c, fs_err *e)
     return (strchr(name, '/') || strstr(name, ".json")) ? fs_config_from_file(c, name, e) : fs_config_preset(c, name, e);
 }
 
+/* A run that fails on one rank in the middle of the sampling loop (not a --check divergence,
+ * which every rank learns together) may leave the others inside a collective: agreeing would
+ * hang. The failing rank says why, naming itself, and ends the job (exit 2). */
+static _Noreturn void end_job(const fs_group *world, fs_err *e)
+{
+    fs_cleanup_run(); /* no dump temporary survives: this rank knows every name it could leave */
+    fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
+    fflush(stderr);
+    fs_comm_abort(2);
+}
+
 static int run(const opts *o, fs_err *e)
 {
     const fs_group *world = fs_comm_world();
@@ -390,15 +294,21 @@ static int run(const opts *o, fs_err *e)
     fs_dtype dt = strcmp(o->precision, "fp64") ? FS_F32 : FS_F64;
     fs_config cfg;
     fs_inputs in = {0};
-    fs_weights w = {0};
+    fs_weights w = {0}, wb = {0}; /* host weights, and as the backend computes with them */
     fs_dump *dump = NULL, *local = NULL;
     fs_tensor lat = {0};
     fs_plan plan = {0};
     fs_par par = {0};
     fs_check *check = NULL;
-    sink sk = {0};
+    fs_sink *sink = NULL;
+    fs_backend *be = NULL;
     int rc = FS_OK;
     memset(&cfg, 0, sizeof cfg);
+
+    /* 0. the backend every activation lives in */
+    rc = fs_backend_open(o->backend, &be, e);
+    if (!rc && o->lse_layout) be->lse_layout = !strcmp(o->lse_layout, "bsh") ? FS_LSE_BSH : FS_LSE_BHS;
+    if ((rc = agree(world, rc, e))) goto out;
 
     /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
      *    setup: one source of truth, received into buffers every rank allocated itself) */
@@ -417,7 +327,8 @@ static int run(const opts *o, fs_err *e)
     }
     if ((rc = agree(world, rc, e))) goto out;
     fs_bcast(world, 0, &cfg, sizeof cfg);
-    if ((rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e))) goto out;
+    rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e);
+    if (rc) end_job(world, e); /* the others are inside the broadcasts */
 
     /* 2. layout and plan */
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
@@ -426,11 +337,6 @@ static int run(const opts *o, fs_err *e)
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
     rc = o->plan ? fs_plan_load(&plan, o->plan, e) : fs_plan_parse(&plan, fs_plan_default_text(), "built-in plan", e);
-    /* --inject proj-out-contiguous: the wrong slice itself — packed_rowwise proj_out cut as
-     * contiguous columns, for the weights and for the Linear alike (seed 000 TP-1) */
-    if (!rc && fs_injected(&o->inject, FS_INJ_PROJ_OUT_CONTIGUOUS))
-        for (int i = 0; i < plan.n; i++)
-            if (plan.rules[i].style == FS_TP_PACKED_ROWWISE) plan.rules[i].style = FS_TP_ROWWISE;
     if (!rc)
         rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
@@ -442,41 +348,37 @@ static int run(const opts *o, fs_err *e)
 
     /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
      *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
-     *    keeps full weights when it runs the in-job single-rank reference of --check. */
+     *    keeps full weights while it runs the in-job single-rank reference of --check, and cuts
+     *    them to its shard afterwards; fused-qkv-contiguous cuts q|k|v from full weights. */
     double t0 = now();
-    const int full = tp == 1 || (root && o->check && !o->check_ref) ||
-                     fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS); /* it cuts the full q|k|v */
-    if (o->weights) {
-        rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
-        if (!rc && !full) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, e);
-    } else {
-        rc = full ? fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e)
-                  : fs_weights_synthetic_shard(&w, &cfg, dt, o->weights_seed, &plan, tp, par.tp_rank, e);
-    }
+    const int ref_in_job = o->check && !o->check_ref;
+    const int full = tp == 1 || (root && ref_in_job) || fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    if (o->weights) rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
+    else if (full) rc = fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e);
+    else rc = fs_weights_synthetic_shard(&w, &cfg, dt, o->weights_seed, &plan, tp, par.tp_rank, par.inject, e);
+    if (!rc && tp > 1 && !(root && ref_in_job) && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
     /* 4. the dump is created before any compute: serial, or parallel HDF5 over all ranks (the
      *    global layout, each rank writing its hyperslabs; attributes identical on every rank) */
-    char wdesc[600];
+    char wdesc[600], producer[320];
     if (o->weights) snprintf(wdesc, sizeof wdesc, "%s", o->weights);
     else snprintf(wdesc, sizeof wdesc, "synthetic seed %llu", (unsigned long long)o->weights_seed);
+    snprintf(producer, sizeof producer, "flux-sim %s (%s, %s)", FLUX_SIM_VERSION, be->name, fs_dtype_name(dt));
     if (o->dump) {
-        char producer[256];
-        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s)", FLUX_SIM_VERSION, fs_dtype_name(dt));
         rc = world->size > 1 ? fs_dump_create_parallel(&dump, o->dump, world, &cfg, dt, producer, e)
                              : fs_dump_create(&dump, o->dump, &cfg, dt, producer, e);
         if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
             rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
     }
     if (!rc && o->dump_per_rank) {
-        char path[1024], producer[256];
+        char path[1024], lprod[400];
         if (mkdir(o->dump_per_rank, 0777) && errno != EEXIST)
             rc = fs_errf(e, FS_E_IO, "%s: cannot create directory: %s", o->dump_per_rank, strerror(errno));
         snprintf(path, sizeof path, "%s/rank_%d.h5", o->dump_per_rank, world->rank);
-        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s), rank %d local view", FLUX_SIM_VERSION,
-                 fs_dtype_name(dt), world->rank);
-        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, producer, e)) &&
+        snprintf(lprod, sizeof lprod, "%s, rank %d local view", producer, world->rank);
+        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, lprod, e)) &&
             !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
             rc = fs_dump_set_attr_string(local, "weights", w.source, e);
     }
@@ -487,40 +389,46 @@ static int run(const opts *o, fs_err *e)
         if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
         if (!rc) fs_check_set_break(check, o->brk);
     }
+    if (!rc) { /* from here on the sink owns the dumps */
+        fs_sink_opts so = {.par = &par, .dump = dump, .local = local, .check = check};
+        if (!(rc = fs_sink_create(&sink, &so, e))) dump = local = NULL;
+    }
     if ((rc = agree(world, rc, e))) goto out;
 
     char lay[128];
     fs_par_describe(&par, lay, sizeof lay);
     if (!quiet)
-        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s; weights: %s (%.2f s)\n"
+        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s on %s; weights: %s (%.2f s)\n"
                "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n"
                "  layout: %d rank%s, %s%s%s\n",
                FLUX_SIM_VERSION, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
-               fs_dtype_name(dt), w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img, in.S_txt,
-               in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
+               fs_dtype_name(dt), be->name, w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img,
+               in.S_txt, in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
                tp > 1 ? plan.source : "");
 
-    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs */
-    if (check && !o->check_ref && root) {
-        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .rec = fs_check_ref_recorder(check)};
+    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
+     *    cuts its weights to its TP shard like every other rank */
+    if (ref_in_job && root) {
+        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_check_ref_recorder(check)};
         fs_step_hooks h = fs_check_ref_hooks(check);
         fs_tensor rl = {0};
         t0 = now();
-        rc = fs_sample(&ref, &in, &h, &rl, e);
+        if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
         fs_tensor_free(&rl);
+        fs_weights_free(&wb);
+        if (!rc && tp > 1 && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
     }
+    if (!rc) rc = fs_weights_on(&w, be, &wb, e);
     if ((rc = agree(world, rc, e))) goto out;
 
     /* 6. the run in this layout */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .par = &par};
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .par = &par};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
-    sk = (sink){.dump = dump, .local = local, .check = check, .par = &par, .gather = world->size > 1,
-                .sharding = cJSON_CreateObject(), .local_sharding = cJSON_CreateObject()};
-    if (recording) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
-    fs_step_hooks hooks = {.begin_step = sink_begin, .end_step = sink_end, .ctx = &sk};
+    if (recording) m.rec = fs_sink_recorder(sink);
+    fs_step_hooks hooks = fs_sink_hooks(sink);
     t0 = now();
     fs_comm_stats_reset();
     rc = fs_sample(&m, &in, &hooks, &lat, e);
@@ -537,48 +445,32 @@ static int run(const opts *o, fs_err *e)
         fflush(stdout);
     }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    /* an error inside the forward (not a divergence) may have hit one rank only, in the middle of
-     * a collective sequence: agreeing would hang, so the failing rank ends the job */
-    if (rc && world->size > 1) {
-        fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
-        fs_comm_abort(2);
-    }
+    if (rc && world->size > 1) end_job(world, e);
     if (rc) goto out;
-    if (local) {
-        char *js = parallel_json(&par, world->rank, plan.source, sk.local_sharding);
-        sk.local_sharding = NULL;
-        rc = fs_dump_set_attr_string(local, "parallel", js, e);
-        free(js);
-        if (!rc) rc = fs_dump_write_final(local, &lat, e);
-        if (!rc) rc = fs_dump_close(local, e);
-        local = NULL;
-    }
-    if (dump) {
-        if (world->size > 1) {
-            char *js = parallel_json(&par, -1, plan.source, sk.sharding);
-            sk.sharding = NULL;
-            rc = fs_dump_set_attr_string(dump, "parallel", js, e);
-            free(js);
-        }
-        if (!rc) rc = fs_dump_write_final(dump, &lat, e);
-        if (!rc) rc = fs_dump_close(dump, e);
-        dump = NULL;
-    }
+    rc = fs_sink_finish(sink, plan.source, &lat, e);
     if (!rc && fs_injected(&o->inject, FS_INJ_NAN_RANK) && !fs_allreduce_max_int(world, fs_inject_nan_fired))
         rc = fs_errf(e, FS_E_INPUT, "--inject nan-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
                                     "step %d in this run (module paths as in a dump's `order`)",
-                     o->inject.nan_rank, o->inject.nan_module, o->inject.nan_step, o->inject.nan_rank,
-                     o->inject.nan_module, o->inject.nan_step);
+                     o->inject.nan.rank, o->inject.nan.module, o->inject.nan.step, o->inject.nan.rank,
+                     o->inject.nan.module, o->inject.nan.step);
+    if (!rc && fs_injected(&o->inject, FS_INJ_FAIL_RANK)) /* it would have ended the job */
+        rc = fs_errf(e, FS_E_INPUT, "--inject fail-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
+                                    "step %d in this run",
+                     o->inject.fail.rank, o->inject.fail.module, o->inject.fail.step, o->inject.fail.rank,
+                     o->inject.fail.module, o->inject.fail.step);
     if ((rc = agree(world, rc, e))) goto out;
     if (!quiet) {
+        fs_tensor hl;
+        if ((rc = fs_tensor_host_view(&lat, &hl, e))) goto out;
         double s = 0, s2 = 0;
-        int64_t n = fs_tensor_numel(&lat), bad = 0;
+        int64_t n = fs_tensor_numel(&hl), bad = 0;
         for (int64_t i = 0; i < n; i++) {
-            double v = fs_tensor_get(&lat, i);
+            double v = fs_tensor_get(&hl, i);
             if (!isfinite(v)) bad++;
             s += v;
             s2 += v * v;
         }
+        fs_tensor_free(&hl);
         printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", t_run,
                t_run / in.n_steps, s / n, sqrt(s2 / n - (s / n) * (s / n)), (long long)bad);
         if (o->dump) printf("  dump: %s\n", o->dump);
@@ -586,17 +478,49 @@ static int run(const opts *o, fs_err *e)
 out:
     if (check && root && (rc == FS_OK || rc == FS_DIVERGED)) fputs(fs_check_report(check), rc ? stderr : stdout);
     if (check && rc == FS_OK && fs_check_diverged(check)) rc = FS_DIVERGED;
+    fs_sink_free(sink); /* aborts (deletes) any dump not finished */
     fs_dump_abort(dump);
     fs_dump_abort(local);
-    cJSON_Delete(sk.sharding);
-    cJSON_Delete(sk.local_sharding);
     fs_check_free(check);
     fs_tensor_free(&lat);
+    fs_weights_free(&wb);
     fs_weights_free(&w);
     fs_inputs_free(&in);
     fs_par_free(&par);
     fs_plan_free(&plan);
+    fs_backend_close(be);
     return rc;
+}
+
+/* SIGTERM / SIGINT / SIGHUP — a user's Ctrl-C or kill, or mpirun ending the job because another
+ * rank failed or died: delete the dump temporaries, say so (rank 0 only, so a job prints one
+ * line), and die of the signal (exit status 128 + N). Async-signal-safe: unlink and write only. */
+static volatile sig_atomic_t sig_rank;
+static void on_signal(int sig)
+{
+    fs_cleanup_run();
+    if (sig_rank == 0) {
+        static const char m1[] = "flux-sim: interrupted by ", m2[] = "; no dump was written (temporaries removed)\n";
+        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+        ssize_t w = write(2, m1, sizeof m1 - 1);
+        w += write(2, name, strlen(name));
+        w += write(2, m2, sizeof m2 - 1);
+        (void)w;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signal_handlers(int rank)
+{
+    sig_rank = rank;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 int main(int argc, char **argv)
@@ -609,6 +533,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const int root = fs_comm_world()->rank == 0;
+    install_signal_handlers(fs_comm_world()->rank);
     rc = parse_args(argc, argv, &o, &e);
     if (!rc && o.wait_rank == fs_comm_world()->rank) fs_debug_wait_for_debugger(o.wait_rank);
     if (rc < 0) { /* --help / --version / --print-plan */
