@@ -94,6 +94,33 @@ static const char *fmt_name(char *buf, size_t n, const char *fmt, ...)
     return buf;
 }
 
+/* The faults --inject plants at a module's output, on one rank and step:
+ *  fail-rank: this rank runs out of memory here, mid-run, while the others go on into the next
+ *             collective (the job must end naming it, not hang);
+ *  nan-rank:  one NaN in the module's output (the model's own buffer, written through the
+ *             backend, so it travels on). */
+static int inject_faults(ctx *c, const fs_tensor *t, const char *name)
+{
+    const fs_inject *inj = c->par ? c->par->inject : NULL;
+    const int rank = c->par ? c->par->rank : 0;
+    if (fs_injected(inj, FS_INJ_FAIL_RANK) && fs_inject_strikes(&inj->fail, rank, name, c->m->step))
+        return fs_errf(c->e, FS_E_NOMEM, "%s: out of memory (injected: --inject fail-rank:%d:%s:%d)", name, rank, name,
+                       c->m->step);
+    if (fs_injected(inj, FS_INJ_NAN_RANK) && fs_inject_strikes(&inj->nan, rank, name, c->m->step) &&
+        fs_tensor_numel(t) > 0) {
+        fs_tensor one = {0};
+        int rc = fs_tensor_alloc(&one, t->dtype, 1, (int64_t[]){1}, c->e);
+        if (rc) return rc;
+        fs_tensor_set(&one, 0, NAN);
+        fs_tensor dst = fs_tensor_reshape(t, 1, (int64_t[]){1});
+        rc = fs_tensor_upload(&dst, &one, c->e);
+        fs_tensor_free(&one);
+        if (rc) return rc;
+        fs_inject_nan_fired = 1;
+    }
+    return FS_OK;
+}
+
 /* Record `t` as module `name` (printf-style), with its sharding (see make_shard). */
 static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, tp_axis f, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -108,30 +135,12 @@ static int rec_sharded(ctx *c, const fs_tensor *t, int stream, int tokdim, tp_ax
     va_end(ap);
     snprintf(fs_debug_module, sizeof fs_debug_module, "%s", name); /* for gdb: fs-where */
     fs_debug_step = c->m->step;
-    const int rank = c->par ? c->par->rank : 0;
-    /* --inject fail-rank:R:MODULE:STEP: this rank runs out of memory here, mid-run, while the
-     * others go on into the next collective */
-    if (fs_injected(inj, FS_INJ_FAIL_RANK) && fs_inject_strikes(&inj->fail, rank, name, c->m->step))
-        return fs_errf(c->e, FS_E_NOMEM, "%s: out of memory (injected: --inject fail-rank:%d:%s:%d)", name, rank, name,
-                       c->m->step);
-    /* --inject nan-rank:R:MODULE:STEP: the module's output (the model's own buffer, so the NaN
-     * travels on) gets one NaN on rank R at that step, written through the backend */
-    if (fs_injected(inj, FS_INJ_NAN_RANK) && fs_inject_strikes(&inj->nan, rank, name, c->m->step) &&
-        fs_tensor_numel(t) > 0) {
-        fs_tensor one = {0};
-        int rc = fs_tensor_alloc(&one, t->dtype, 1, (int64_t[]){1}, c->e);
-        if (rc) return rc;
-        fs_tensor_set(&one, 0, NAN);
-        fs_tensor dst = fs_tensor_reshape(t, 1, (int64_t[]){1});
-        rc = fs_tensor_upload(&dst, &one, c->e);
-        fs_tensor_free(&one);
-        if (rc) return rc;
-        fs_inject_nan_fired = 1;
-    }
+    int rc = inject_faults(c, t, name); /* --inject fail-rank / nan-rank */
+    if (rc) return rc;
     if (!c->m->rec.fn) return FS_OK;
     fs_shard sh;
     make_shard(c, t, stream, tokdim, f, &sh);
-    int rc = c->m->rec.fn(c->m->rec.ctx, name, t, &sh, c->e);
+    rc = c->m->rec.fn(c->m->rec.ctx, name, t, &sh, c->e);
     if (rc) fs_err_prefix(c->e, "recording %s: ", name);
     return rc;
 }

@@ -33,6 +33,30 @@ static int copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t 
 
 /* ---------------------------------------------------------------- ring */
 
+/* --inject seq-uneven-chunk (seed 002): every ring chunk treated as if it had the largest
+ * chunk's length — this rank's K/V zero-padded to it, and the padding attended like real tokens
+ * (K/V gathered "as if equal" with unmasked zero padding). *k, *v are replaced by the padded
+ * copies when they are shorter. */
+static int inject_pad_chunk(fs_backend *be, const fs_tensor **k, const fs_tensor **v, int64_t maxn, fs_tensor *kpad,
+                            fs_tensor *vpad, fs_err *e)
+{
+    const fs_tensor *K = *k, *V = *v;
+    if (K->shape[1] >= maxn) return FS_OK;
+    const int64_t B = K->shape[0], h = K->shape[2], Dh = K->shape[3];
+    const size_t es = fs_dtype_size(K->dtype), own = (size_t)(K->shape[1] * h * Dh) * es, pad = (size_t)(maxn * h * Dh) * es;
+    int rc;
+    if ((rc = alloc4(be, kpad, K->dtype, B, maxn, h, Dh, e)) || (rc = alloc4(be, vpad, K->dtype, B, maxn, h, Dh, e)) ||
+        (rc = copy2d(be, kpad->data, pad, K->data, own, own, (size_t)B, e)) ||
+        (rc = copy2d(be, vpad->data, pad, V->data, own, own, (size_t)B, e))) {
+        fs_tensor_free(kpad);
+        fs_tensor_free(vpad);
+        return rc;
+    }
+    *k = kpad;
+    *v = vpad;
+    return FS_OK;
+}
+
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
  * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. */
 static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
@@ -51,22 +75,11 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
         n[j] = ring_chunk_tokens(p, j);
         if (n[j] > maxn) maxn = n[j];
     }
-    /* --inject seq-uneven-chunk: every chunk treated as if it had the largest chunk's length —
-     * this rank's K/V zero-padded to it and the padding attended like real tokens */
     const int as_equal = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK);
     fs_tensor kpad = {0}, vpad = {0};
-    if (as_equal && k->shape[1] < maxn) {
-        const size_t own = (size_t)(k->shape[1] * row) * es, pad = (size_t)(maxn * row) * es;
-        if ((rc = alloc4(be, &kpad, dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &vpad, dt, B, maxn, h, Dh, e)) ||
-            (rc = copy2d(be, kpad.data, pad, k->data, own, own, (size_t)B, e)) ||
-            (rc = copy2d(be, vpad.data, pad, v->data, own, own, (size_t)B, e))) {
-            free(n);
-            fs_tensor_free(&kpad);
-            fs_tensor_free(&vpad);
-            return rc;
-        }
-        k = &kpad;
-        v = &vpad;
+    if (as_equal && (rc = inject_pad_chunk(be, &k, &v, maxn, &kpad, &vpad, e))) { /* --inject seq-uneven-chunk */
+        free(n);
+        return rc;
     }
     for (int j = 0; j < R; j++) {
         if (as_equal) n[j] = maxn;

@@ -276,11 +276,14 @@ static int load_config(const char *name, fs_config *c, fs_err *e)
     return (strchr(name, '/') || strstr(name, ".json")) ? fs_config_from_file(c, name, e) : fs_config_preset(c, name, e);
 }
 
+static volatile sig_atomic_t sig_rank, sig_quiet; /* the signal handlers' state (below main's helpers) */
+
 /* A run that fails on one rank in the middle of the sampling loop (not a --check divergence,
  * which every rank learns together) may leave the others inside a collective: agreeing would
  * hang. The failing rank says why, naming itself, and ends the job (exit 2). */
 static _Noreturn void end_job(const fs_group *world, fs_err *e)
 {
+    sig_quiet = 1;    /* mpirun's SIGTERM may follow: this rank has said why already */
     fs_cleanup_run(); /* no dump temporary survives: this rank knows every name it could leave */
     fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
     fflush(stderr);
@@ -495,12 +498,13 @@ out:
 /* SIGTERM / SIGINT / SIGHUP — a user's Ctrl-C or kill, or mpirun ending the job because another
  * rank failed or died: delete the dump temporaries, say so (rank 0 only, so a job prints one
  * line), and die of the signal (exit status 128 + N). Async-signal-safe: unlink and write only. */
-static volatile sig_atomic_t sig_rank;
 static void on_signal(int sig)
 {
     fs_cleanup_run();
-    if (sig_rank == 0) {
-        static const char m1[] = "flux-sim: interrupted by ", m2[] = "; no dump was written (temporaries removed)\n";
+    if (sig_rank == 0 && !sig_quiet) {
+        static const char m1[] = "flux-sim: stopped by ",
+                          m2[] = " (an interrupt, or mpirun ending the job after another rank failed); no dump was "
+                                 "written\n";
         const char *name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
         ssize_t w = write(2, m1, sizeof m1 - 1);
         w += write(2, name, strlen(name));
