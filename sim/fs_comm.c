@@ -161,22 +161,54 @@ static int to_int(const int64_t *v, int n, int **out, fs_err *e)
 /* ---------------------------------------------------------------- tensor collectives */
 
 
+static fs_bf16_order bf16_order = FS_BF16_ORDER_RANK;
+void fs_comm_set_bf16_order(fs_bf16_order o) { bf16_order = o; }
+
+/* bfloat16 sum of the group's partials: gather every partial (bits), then add them in bf16 —
+ * float32 add, round to nearest even, per addition — in the chosen order, the same on every
+ * rank, so the replicated result is bitwise identical across the group. */
+static int allreduce_bf16(const fs_group *g, void *buf, int64_t n, fs_err *e)
+{
+    const int T = g->size;
+    if (n > INT32_MAX) return fs_errf(e, FS_E_INPUT, "a bfloat16 all-reduce of %lld elements exceeds MPI's 2^31 limit", (long long)n);
+    uint16_t *all = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n * T : 1)), *out = buf;
+    if (!all) return fs_errf(e, FS_E_NOMEM, "out of memory gathering %d bfloat16 partials of %lld elements", T, (long long)n);
+    MPI_Allgather(buf, (int)n, MPI_UINT16_T, all, (int)n, MPI_UINT16_T, COMM(g));
+    const int64_t chunk = (n + T - 1) / T;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        int first = 0, step = 1;
+        if (bf16_order == FS_BF16_ORDER_REVERSE) first = T - 1, step = -1;
+        else if (bf16_order == FS_BF16_ORDER_RING) first = (int)((i / chunk + 1) % T);
+        int r = first;
+        float acc = fs_bf16_to_float(all[(int64_t)r * n + i]);
+        for (int k = 1; k < T; k++) {
+            r = ((r + step) % T + T) % T;
+            acc = fs_bf16_round(acc + fs_bf16_to_float(all[(int64_t)r * n + i]));
+        }
+        out[i] = fs_bf16_from_float(acc);
+    }
+    free(all);
+    return FS_OK;
+}
+
 int fs_allreduce_sum_t(const fs_group *g, fs_tensor *t, fs_err *e)
 {
     if (g->size == 1) return FS_OK;
-    if (t->dtype == FS_BF16)
-        return fs_errf(e, FS_E_INPUT, "all-reduce of bfloat16 partials is not supported yet");
     const int64_t n = fs_tensor_numel(t);
     const size_t es = fs_dtype_size(t->dtype);
     stage s;
     int rc = stage_open(t, 0, n, 1, &s, e);
     if (rc) return rc;
     count(FS_COMM_ALLREDUCE, n * (int64_t)es);
-    for (int64_t o = 0; o < n; o += CHUNK) {
-        int m = (int)(n - o < CHUNK ? n - o : CHUNK);
-        MPI_Allreduce(MPI_IN_PLACE, (char *)s.p + (size_t)o * es, m, mpi_type(t->dtype), MPI_SUM, COMM(g));
-    }
-    return stage_close(t, 0, n, 1, &s, e);
+    if (t->dtype == FS_BF16) rc = allreduce_bf16(g, s.p, n, e);
+    else
+        for (int64_t o = 0; o < n; o += CHUNK) {
+            int m = (int)(n - o < CHUNK ? n - o : CHUNK);
+            MPI_Allreduce(MPI_IN_PLACE, (char *)s.p + (size_t)o * es, m, mpi_type(t->dtype), MPI_SUM, COMM(g));
+        }
+    int rc2 = stage_close(t, 0, n, !rc, &s, e);
+    return rc ? rc : rc2;
 }
 
 int fs_allgatherv_t(const fs_group *g, const fs_tensor *send, fs_tensor *recv, const int64_t *counts,

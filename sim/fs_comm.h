@@ -42,8 +42,17 @@ void fs_group_self(fs_group *out);
 void fs_barrier(const fs_group *g);
 
 /* ---- collectives on tensors (host or backend memory) ---- */
-/* In-place sum over the group (TP row-parallel partials). */
+/* In-place sum over the group (TP row-parallel partials). float32/float64: MPI_SUM. bfloat16:
+ * the partials are summed in bfloat16, one rounding per addition, rank by rank in the order
+ * fs_comm_set_bf16_order chose — what NCCL's ring all-reduce does on GPUs (its order depends on
+ * the chunk) — identically on every rank. */
 int fs_allreduce_sum_t(const fs_group *g, fs_tensor *t, fs_err *e);
+typedef enum fs_bf16_order {
+    FS_BF16_ORDER_RANK = 0, /* p0 + p1 + ... + p_{T-1} */
+    FS_BF16_ORDER_REVERSE,  /* p_{T-1} + ... + p0 */
+    FS_BF16_ORDER_RING,     /* NCCL's ring: element chunk c of T starts at rank c+1 and goes round */
+} fs_bf16_order;
+void fs_comm_set_bf16_order(fs_bf16_order o);
 /* Variable-size all-gather: rank r contributes counts[r] elements (the first counts[r] of its
  * `send`), placed at displs[r] of `recv`. */
 int fs_allgatherv_t(const fs_group *g, const fs_tensor *send, fs_tensor *recv, const int64_t *counts,

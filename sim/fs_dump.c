@@ -127,6 +127,7 @@ static herr_t put_f64(hid_t obj, const char *name, double v)
     return put_num(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
 }
 
+/* bfloat16 is stored as float32 (exact; HDF5 has no bfloat16), as flux-dump says */
 static hid_t file_type(fs_dtype dt) { return dt == FS_F64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE; }
 static hid_t mem_type(fs_dtype dt) { return dt == FS_F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 
@@ -200,6 +201,18 @@ static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const c
         d->failed = 1;
         return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
     }
+    fs_tensor wide = {0}; /* bfloat16 values widened to float32 (exact) for writing */
+    if (write && numel > 0 && host.dtype == FS_BF16) {
+        int rc = fs_tensor_alloc(&wide, FS_F32, host.ndim, host.shape, e);
+        if (!rc) rc = fs_tensor_copy(&wide, &host, e);
+        fs_tensor_free(&host);
+        if (rc) {
+            d->failed = 1;
+            return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+        }
+        host = wide;
+        wide = (fs_tensor){0};
+    }
     const fs_tensor *t = &host;
 
     int rc = FS_OK;
@@ -210,7 +223,7 @@ static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const c
     if (d->deflate > 0 && numel >= FS_DUMP_CHUNK_MIN) {
         /* One chunk = the whole dataset (a reader wants all of it anyway), halved along the
          * leading dimensions only if it would exceed HDF5's chunk size limit. */
-        size_t esz = fs_dtype_size(stored);
+        size_t esz = H5Tget_size(file_type(stored));
         for (;;) {
             hsize_t bytes = esz;
             for (int i = 0; i < t->ndim; i++) bytes *= chunk[i];

@@ -412,14 +412,43 @@ out:
     return rc;
 }
 
-/* The sinusoid of B scalars (fs_time_proj, on the host), in backend memory. */
+/* Where diffusers computes in float32 whatever the model dtype (the sinusoids, the RoPE tables):
+ * float32 for bf16 runs, the run dtype otherwise (a float64 run promotes them, as the reference). */
+static fs_dtype fixed_f32(fs_dtype dt) { return dt == FS_BF16 ? FS_F32 : dt; }
+
+/* The sinusoid of B scalars (fs_time_proj, on the host), in backend memory, in fixed_f32. */
 static int time_proj(ctx *c, const double *t, fs_tensor *out)
 {
     fs_tensor host = {0};
-    int rc = fs_time_proj(c->dt, t, c->B, &host, c->e);
+    int rc = fs_time_proj(fixed_f32(c->dt), t, c->B, &host, c->e);
     if (!rc) rc = upload_new(c, &host, out);
     fs_tensor_free(&host);
     return rc;
+}
+
+/* timesteps_proj.to(dtype=pooled_projection.dtype): the float32 sinusoid rounded to bf16 before
+ * the embedder (a no-op view in float32/float64 runs). *tmp owns the copy when one is made. */
+static int to_run_dtype(ctx *c, const fs_tensor *x, fs_tensor *tmp, const fs_tensor **out)
+{
+    *out = x;
+    if (x->dtype == c->dt) return FS_OK;
+    int rc = new_like(c, tmp, x);
+    if (!rc) rc = c->be->convert(c->be, tmp, x, c->e);
+    *out = tmp;
+    return rc;
+}
+
+/* The value the transformer embeds for a timestep or guidance x it is passed: `x.to(dtype)*1000`
+ * in the model dtype (gotcha 1); bf16: fs_bf16_embedded. */
+double fs_bf16_embedded(double x) { return fs_bf16_round(fs_bf16_round((float)x) * 1000.0f); }
+
+static double embedded_scalar(const ctx *c, double x)
+{
+    if (c->dt == FS_BF16) return fs_bf16_embedded(x);
+    /* --match bf16: x = e/1000 for a bf16 value e (fs_inputs_match_bf16); x·1000 is e exactly
+     * in float64, and rounding it to bf16 gives e back in a float32 run too */
+    if (c->m->match_bf16) return fs_bf16_round((float)(x * 1000.0));
+    return c->dt == FS_F32 ? (double)((float)x * 1000.0f) : x * 1000.0;
 }
 
 /* time_text_embed: CombinedTimestep(Guidance)TextProjEmbeddings. temb = (time + guidance) + pooled. */
@@ -428,22 +457,25 @@ static int time_text_embed(ctx *c, const double *timestep, const double *guidanc
 {
     const int B = c->B;
     double t[64], g[64];
-    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, pe = {0}, sum = {0};
+    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, pe = {0}, sum = {0}, tc = {0}, gc = {0};
     int rc = FS_OK;
     if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
     /* gotcha 1: the transformer multiplies timestep AND guidance by 1000, in the model dtype */
     for (int b = 0; b < B; b++) {
-        t[b] = c->dt == FS_F32 ? (double)((float)timestep[b] * 1000.0f) : timestep[b] * 1000.0;
-        if (guidance) g[b] = c->dt == FS_F32 ? (double)((float)guidance[b] * 1000.0f) : guidance[b] * 1000.0;
+        t[b] = embedded_scalar(c, timestep[b]);
+        if (guidance) g[b] = embedded_scalar(c, guidance[b]);
     }
+    const fs_tensor *in;
     TRY(time_proj(c, t, &tp));
     TRY(REC(&tp, ST_REP, REPL, "time_text_embed.time_proj"));
-    TRY(mlp_embedder(c, &tp, "time_text_embed.timestep_embedder", "act", &te));
+    TRY(to_run_dtype(c, &tp, &tc, &in));
+    TRY(mlp_embedder(c, in, "time_text_embed.timestep_embedder", "act", &te));
     if (guidance) {
         /* gotcha 3: the same time_proj module fires a second time */
         TRY(time_proj(c, g, &gp));
         TRY(REC(&gp, ST_REP, REPL, "time_text_embed.time_proj@1"));
-        TRY(mlp_embedder(c, &gp, "time_text_embed.guidance_embedder", "act", &ge));
+        TRY(to_run_dtype(c, &gp, &gc, &in));
+        TRY(mlp_embedder(c, in, "time_text_embed.guidance_embedder", "act", &ge));
         TRY(new_like(c, &sum, &te));
         TRY(c->be->add(c->be, &sum, &te, &ge, c->e));
         fs_tensor_free(&te);
@@ -461,6 +493,8 @@ out:
     fs_tensor_free(&ge);
     fs_tensor_free(&pe);
     fs_tensor_free(&sum);
+    fs_tensor_free(&tc);
+    fs_tensor_free(&gc);
     return rc;
 }
 
@@ -708,7 +742,7 @@ static int pos_embed(ctx *c, const fs_tensor *img_ids, const fs_tensor *txt_ids,
     if (rc) return rc;
     memcpy(ids.data, txt_ids->data, (size_t)c->S_txt * 3 * sizeof(double));
     memcpy((double *)ids.data + (size_t)c->S_txt * 3, img_ids->data, (size_t)c->S_img * 3 * sizeof(double));
-    if (!(rc = fs_pos_embed(c->dt, &c->m->cfg, &ids, &hc, &hs, c->e)) && !(rc = upload_new(c, &hc, cos_t)))
+    if (!(rc = fs_pos_embed(fixed_f32(c->dt), &c->m->cfg, &ids, &hc, &hs, c->e)) && !(rc = upload_new(c, &hc, cos_t)))
         rc = upload_new(c, &hs, sin_t);
     fs_tensor_free(&ids);
     fs_tensor_free(&hc);

@@ -19,6 +19,9 @@ typedef struct fs_model {
     fs_backend *be;      /* where every activation lives and every op runs */
     fs_recorder rec;  /* fn == NULL: record nothing */
     int step;          /* denoising step of this call (set by fs_sample; for --inject nan-rank) */
+    int match_bf16;    /* --match bf16: the inputs' timesteps and guidance are what a bf16 transformer
+                          embeds, /1000 (fs_inputs_match_bf16); embed x·1000 rounded to bf16 exactly
+                          (docs/bf16.md) */
     const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
                           rank's tokens (see fs_par.h) and TP follows par->plan. */
 } fs_model;
@@ -32,6 +35,11 @@ typedef struct fs_model {
 int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
                      const fs_tensor *pooled, const double *timestep, const double *guidance,
                      const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);
+
+/* What a bf16 transformer embeds for a timestep or guidance x it is passed:
+ * `x.to(bfloat16) * 1000` in bfloat16, i.e. bf16(bf16(x)·1000) — guidance 3.5 → 3504, a timestep
+ * 0.828125 → 828. The one place this rule is written (the bf16 forward, --match bf16). */
+double fs_bf16_embedded(double x);
 
 /* Building blocks exposed for unit tests (all follow diffusers' arithmetic order). */
 

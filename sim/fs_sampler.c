@@ -49,10 +49,26 @@ int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype
         }
         sigmas[i] = out;
         float t1000 = out * 1000.0f; /* scheduler.timesteps, float32 */
-        timesteps[i] = dt == FS_F32 ? (double)(t1000 / 1000.0f) : (double)t1000 / 1000.0;
+        /* what the pipeline passes, `t.expand(B).to(latents.dtype) / 1000`: a float32 division,
+         * the reference's float64 one, or for bf16 latents a bf16 cast and a bf16 division */
+        timesteps[i] = dt == FS_F32    ? (double)(t1000 / 1000.0f)
+                       : dt == FS_BF16 ? (double)fs_bf16_round(fs_bf16_round(t1000) / 1000.0f)
+                                       : (double)t1000 / 1000.0;
     }
     sigmas[N] = 0.0;
     return FS_OK;
+}
+
+void fs_inputs_match_bf16(fs_inputs *in)
+{
+    for (int i = 0; i < in->n_steps; i++) {
+        double *t = &((double *)in->timesteps.data)[i];
+        *t = fs_bf16_embedded(*t) / 1000.0;
+    }
+    for (int b = 0; in->has_guidance && b < in->B; b++) {
+        double *g = &((double *)in->guidance.data)[b];
+        *g = fs_bf16_embedded(*g) / 1000.0;
+    }
 }
 
 static int fill_normal(fs_tensor *t, uint64_t seed, const char *name)

@@ -57,6 +57,15 @@ static int inject_pad_chunk(fs_backend *be, const fs_tensor **k, const fs_tensor
     return FS_OK;
 }
 
+/* --inject ring-no-lse: the k-th partial averaged into the running output, out ← out + (out_i −
+ * out)/(k+1), the LSEs ignored (a common first attempt). tmp: out_i upcast first when out is a
+ * float32 accumulator of bf16 partials. */
+static int ring_average(fs_backend *be, fs_tensor *acc, const fs_tensor *oi, fs_tensor *tmp, int k, fs_err *e)
+{
+    int rc = tmp ? be->convert(be, tmp, oi, e) : FS_OK;
+    return rc ? rc : be->axpby(be, acc, (double)k / (k + 1), tmp ? tmp : oi, 1.0 / (k + 1), e);
+}
+
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
  * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. */
 static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
@@ -92,26 +101,37 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     const fs_lse_layout native = be->lse_layout,
                         assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)native);
     const fs_dtype ldt = dt == FS_F64 ? FS_F64 : FS_F32; /* LSE: float32 (float64 runs: float64) */
-    fs_tensor oi = {0}, lse = {0}, lsei = {0}, raw = {0}, kb[2] = {{0}}, vb[2] = {{0}}, sk = {0}, sv = {0};
+    /* The running output: o itself, or for bfloat16 a float32 accumulator — diffusers'
+     * convert_to_fp32=True: each partial (rounded once by the kernel) is upcast and merged in
+     * float32, and the result rounded once at the end. */
+    fs_tensor oi = {0}, lse = {0}, lsei = {0}, raw = {0}, kb[2] = {{0}}, vb[2] = {{0}}, sk = {0}, sv = {0}, acc32 = {0},
+              oi32 = {0};
+    fs_tensor *acc = o;
     int64_t sl[3] = {B, h, Sq};
     if ((rc = alloc4(be, &oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc_on(&lse, be, ldt, 3, sl, e)) ||
         (rc = fs_tensor_alloc_on(&lsei, be, ldt, 3, sl, e)) ||
         (assumed != FS_LSE_BHS && (rc = fs_tensor_alloc_on(&raw, be, ldt, 3, sl, e))))
         goto out;
+    if (dt != ldt) {
+        if ((rc = alloc4(be, &acc32, ldt, B, Sq, h, Dh, e)) || (rc = alloc4(be, &oi32, ldt, B, Sq, h, Dh, e))) goto out;
+        acc = &acc32;
+    }
 
-    int have = 0; /* chunks merged into (o, lse) so far */
+    int have = 0; /* chunks merged into (acc, lse) so far */
     const int no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
 #define VISIT(KT, VT)                                                                                             \
     do {                                                                                                          \
         if ((KT)->shape[1] > 0 && Sq > 0) {                                                                       \
-            fs_tensor *ot = have ? &oi : o, *lt = have ? &lsei : &lse;                                            \
+            fs_tensor *ot = have || acc != o ? &oi : o, *lt = have ? &lsei : &lse;                                \
             if ((rc = be->attention(be, ot, assumed == FS_LSE_BHS ? lt : &raw, q, (KT), (VT), scale, e))) goto out; \
             if (assumed != FS_LSE_BHS && (rc = be->lse_convert(be, lt, FS_LSE_BHS, &raw, assumed, B, h, Sq, e)))  \
                 goto out;                                                                                         \
-            if (have && no_lse) /* --inject ring-no-lse: partials averaged, the LSEs ignored */                   \
-                rc = be->axpby(be, o, (double)have / (have + 1), &oi, 1.0 / (have + 1), e);                       \
+            if (!have && acc != o)                                                                                \
+                rc = be->convert(be, acc, &oi, e);                                                                \
+            else if (have && no_lse) /* --inject ring-no-lse: partials averaged, the LSEs ignored */              \
+                rc = ring_average(be, acc, &oi, acc != o ? &oi32 : NULL, have, e);                                \
             else if (have)                                                                                        \
-                rc = be->ring_merge(be, o, &lse, &oi, &lsei, e);                                                  \
+                rc = be->ring_merge(be, acc, &lse, &oi, &lsei, e);                                                \
             if (rc) goto out;                                                                                     \
             have++;                                                                                               \
         }                                                                                                         \
@@ -181,6 +201,7 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     }
 #undef VISIT
     if (!have && Sq > 0) rc = fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
+    else if (acc != o && Sq > 0) rc = be->convert(be, o, acc, e); /* out.to(query.dtype): one rounding */
 out:
     free(n);
     fs_tensor_free(&kpad);
@@ -191,6 +212,8 @@ out:
     fs_tensor_free(&raw);
     fs_tensor_free(&sk);
     fs_tensor_free(&sv);
+    fs_tensor_free(&acc32);
+    fs_tensor_free(&oi32);
     for (int b = 0; b < 2; b++) {
         fs_tensor_free(&kb[b]);
         fs_tensor_free(&vb[b]);

@@ -96,6 +96,9 @@ static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_tp_spl
                 fs_rng_normal_fill(key, (uint64_t)(first + k0), m, buf);
                 if (t->dtype == FS_F64)
                     for (int64_t k = 0; k < m; k++) ((double *)t->data)[out++] = synthetic_scale(d, buf[k]);
+                else if (t->dtype == FS_BF16) /* what a bf16 run loads from a float32 checkpoint */
+                    for (int64_t k = 0; k < m; k++)
+                        ((uint16_t *)t->data)[out++] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
                 else
                     for (int64_t k = 0; k < m; k++) ((float *)t->data)[out++] = (float)synthetic_scale(d, buf[k]);
             }
@@ -243,6 +246,21 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_
     w->tp_rank = t;
     size_t n = strlen(w->source);
     snprintf(w->source + n, sizeof w->source - n, ", tp shard %d/%d", t, T);
+    return FS_OK;
+}
+
+int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e)
+{
+    for (int i = 0; i < w->n; i++) {
+        fs_tensor *t = &w->t[i], c;
+        if (t->dtype == dt) continue;
+        int rc = fs_tensor_alloc(&c, dt, t->ndim, t->shape, e);
+        if (!rc) rc = fs_tensor_copy(&c, t, e);
+        if (rc) return fs_err_prefix(e, "converting weight %s to %s: ", w->desc[i].name, fs_dtype_name(dt));
+        fs_tensor_free(t);
+        *t = c;
+    }
+    w->dtype = dt;
     return FS_OK;
 }
 

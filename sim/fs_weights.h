@@ -59,6 +59,11 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
  * needs every rank's full q, k and v, so it only exists here, not in synthetic shards). */
 int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
 
+/* Every tensor converted to dtype dt (owned copies). With weights made or loaded in bfloat16 this
+ * is --match bf16: the weights a bf16 transformer computes with (round to nearest even, as
+ * `from_pretrained(torch_dtype=torch.bfloat16)` loads them), solved at float64 precision. */
+int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e);
+
 /* The weights as a backend computes with them: `on` gets the same names and shapes, its tensors
  * in the memory of `be` — views of w's tensors when be's memory is host-addressable (the CPU
  * backend: nothing is copied), uploaded copies otherwise (a GPU, cpu-strict). w must outlive on;

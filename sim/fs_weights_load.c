@@ -221,12 +221,13 @@ static int fill(fs_tensor *t, const fs_param_desc *d, const plan *pl, const fs_s
     /* A view needs the bytes to already be what the run computes with, in one piece, and
      * aligned for float loads (safetensors does not promise alignment; the Python writer pads
      * the header to 8 bytes, so in practice every tensor qualifies). */
-    const char *first = pl->np == 1 && en->dtype == FS_ST_F32 && dt == FS_F32
-                            ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * sizeof(float)
-                            : NULL;
-    if (first && (uintptr_t)first % alignof(float) == 0) {
+    const int as_stored = (en->dtype == FS_ST_F32 && dt == FS_F32) || (en->dtype == FS_ST_BF16 && dt == FS_BF16) ||
+                          (en->dtype == FS_ST_F64 && dt == FS_F64);
+    const size_t es = fs_dtype_size(dt);
+    const char *first = pl->np == 1 && as_stored ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * es : NULL;
+    if (first && (uintptr_t)first % es == 0) {
         memset(t, 0, sizeof *t);
-        t->dtype = FS_F32;
+        t->dtype = dt;
         t->ndim = d->ndim;
         for (int k = 0; k < d->ndim; k++) t->shape[k] = d->shape[k];
         t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */

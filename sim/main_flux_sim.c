@@ -26,6 +26,7 @@
 #include "fs_model.h"
 #include "fs_sampler.h"
 #include "fs_sink.h"
+#include "fo_dump.h"
 
 #define FLUX_SIM_VERSION "0.1.0"
 
@@ -43,7 +44,11 @@ static void usage(FILE *f)
             "  --weights PATH        safetensors: a file, a *.safetensors.index.json, or a directory\n"
             "                        (diffusers or BFL names, F32/BF16/F16) [default: synthetic weights]\n"
             "  --weights-seed N      seed of the synthetic weights [0]\n"
-            "  --precision P         fp32 or fp64 [fp32]\n"
+            "  --precision P         fp32, fp64, or bf16 (bfloat16 storage, float32 compute, rounded where\n"
+            "                        PyTorch's GPU kernels round: docs/bf16.md) [$FLUX_SIM_PRECISION, else fp32]\n"
+            "  --match bf16          with fp32/fp64: solve the problem a bf16 run solves (weights and inputs\n"
+            "                        rounded to bf16, timestep and guidance embedded as bf16 rounds them) at\n"
+            "                        this precision: the reference a bf16 run is judged against\n"
             "\n"
             "Inputs:\n"
             "  --inputs DUMP.h5      replay the config, inputs, sigmas and timesteps of a flux-dump (e.g. one\n"
@@ -63,6 +68,8 @@ static void usage(FILE *f)
             "  --ring R              ring attention degree (K/V rotate, LSE merge)\n"
             "  --ring-rotate M       allgather (as diffusers) or p2p (Isend/Irecv overlapped) [allgather]\n"
             "                        [default layout: tp = ranks if the heads divide, else ring]\n"
+            "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
+            "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
             "  --print-plan          print the built-in FLUX TP plan (a starting point for --plan) and exit\n"
             "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
@@ -95,7 +102,8 @@ static void usage(FILE *f)
 
 typedef struct opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
-        *backend, *lse_layout;
+        *backend, *lse_layout, *match, *ar_order;
+    int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
     double rtol, rtol_max;
@@ -128,7 +136,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -146,12 +154,13 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"comm-stats", no_argument, 0, O_CSTATS},     {"inject", required_argument, 0, O_INJECT},
         {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
         {"backend", required_argument, 0, O_BACKEND}, {"lse-layout", required_argument, 0, O_LSE},
+        {"match", required_argument, 0, O_MATCH},     {"allreduce-order", required_argument, 0, O_AR_ORDER},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->wait_rank = -1;
     o->config = NULL;
-    o->precision = "fp32";
+    o->precision = getenv("FLUX_SIM_PRECISION") && *getenv("FLUX_SIM_PRECISION") ? getenv("FLUX_SIM_PRECISION") : "fp32";
     /* the environment sets the default backend, so a whole test suite or CI job can run on
      * another backend without touching its command lines (FLUX_SIM_BACKEND=cpu-strict make test) */
     o->backend = getenv("FLUX_SIM_BACKEND") && *getenv("FLUX_SIM_BACKEND") ? getenv("FLUX_SIM_BACKEND") : "cpu";
@@ -164,7 +173,16 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_CONFIG: o->config = optarg; break;
         case O_WEIGHTS: o->weights = optarg; break;
         case O_WSEED: rc = parse_u64(optarg, "--weights-seed", &o->weights_seed, e); break;
-        case O_PREC: o->precision = optarg; break;
+        case O_PREC: o->precision = optarg; o->precision_given = 1; break;
+        case O_MATCH:
+            o->match = optarg;
+            if (strcmp(optarg, "bf16")) rc = fs_errf(e, FS_E_INPUT, "--match: '%s' is not bf16 (the only run matched today)", optarg);
+            break;
+        case O_AR_ORDER:
+            o->ar_order = optarg;
+            if (strcmp(optarg, "rank") && strcmp(optarg, "reverse") && strcmp(optarg, "ring"))
+                rc = fs_errf(e, FS_E_INPUT, "--allreduce-order: '%s' is not rank, reverse or ring", optarg);
+            break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
         case O_GRID:
@@ -242,8 +260,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     }
     if (rc) return rc;
     if (optind < argc) return fs_errf(e, FS_E_INPUT, "unexpected argument '%s' (see flux-sim --help)", argv[optind]);
-    if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp64"))
-        return fs_errf(e, FS_E_INPUT, "--precision: '%s' is not fp32 or fp64", o->precision);
+    if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp64") && strcmp(o->precision, "bf16"))
+        return fs_errf(e, FS_E_INPUT, "--precision: '%s' is not fp32, fp64 or bf16", o->precision);
+    if (o->match && !strcmp(o->precision, "bf16"))
+        return fs_errf(e, FS_E_INPUT, "--match bf16 is the high-precision reference of a bf16 run: use it with --precision "
+                                      "fp64 (or fp32), not bf16");
     if (o->brk && !o->check) return fs_errf(e, FS_E_INPUT, "--break-on-divergence needs --check");
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
@@ -290,11 +311,57 @@ static _Noreturn void end_job(const fs_group *world, fs_err *e)
     fs_comm_abort(2);
 }
 
+/* A bfloat16 run replayed in float32 or float64 embeds other timesteps and guidance than it did
+ * (3500 instead of the 3504 a bf16 transformer embeds): say so, once, before the user reads the
+ * diff as a bug. */
+static void note_bf16_replay(const opts *o, fs_dtype dt)
+{
+    fo_file *f = NULL;
+    fs_err ignore = {0};
+    if (dt == FS_BF16 || o->match || fo_file_open(&f, o->inputs, &ignore)) return;
+    if (!strcmp(fo_file_dtype(f), "bfloat16"))
+        fprintf(stderr, "flux-sim: note: %s is a bfloat16 run; replaying it in %s embeds unrounded timesteps and guidance. "
+                        "Replay it with --precision bf16, and judge it against --precision fp64 --match bf16 "
+                        "(docs/bf16.md)\n",
+                o->inputs, fs_dtype_name(dt));
+    fo_file_close(f);
+}
+
+/* --check of a bf16 run (rank 0): also the matched float64 truth of the same problem — the bf16
+ * weights and inputs promoted exactly to float64, the timesteps and guidance a bf16 transformer
+ * embeds — so every tensor is judged by the measured bf16 arbiter rule (docs/bf16.md). */
+static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_inputs *in, fs_backend *be, fs_check *check,
+                                fs_err *e)
+{
+    fs_inputs tin = {0};
+    fs_weights wb = {0};
+    fs_tensor rl = {0};
+    int rc = fs_inputs_copy(&tin, in, e);
+    if (!rc) rc = fs_inputs_convert(&tin, FS_F64, e);
+    if (!rc) fs_inputs_match_bf16(&tin);
+    if (!rc) rc = fs_weights_convert(w, FS_F64, e); /* exact: every value is a bf16 value */
+    if (!rc) rc = fs_weights_on(w, be, &wb, e);
+    if (!rc) {
+        fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .be = be, .rec = fs_check_truth_recorder(check),
+                          .match_bf16 = 1};
+        fs_step_hooks h = fs_check_truth_hooks(check);
+        rc = fs_sample(&truth, &tin, &h, &rl, e);
+    }
+    fs_tensor_free(&rl);
+    fs_weights_free(&wb);
+    if (!rc) rc = fs_weights_convert(w, FS_BF16, e); /* back, exactly, for this rank's parallel run */
+    fs_inputs_free(&tin);
+    return rc;
+}
+
 static int run(const opts *o, fs_err *e)
 {
     const fs_group *world = fs_comm_world();
     const int root = world->rank == 0, quiet = o->quiet || !root;
-    fs_dtype dt = strcmp(o->precision, "fp64") ? FS_F32 : FS_F64;
+    const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
+    /* --match bf16: inputs and weights are made (or read) as a bf16 run has them, then converted
+     * exactly to the run's precision */
+    const fs_dtype pdt = o->match ? FS_BF16 : dt;
     fs_config cfg;
     fs_inputs in = {0};
     fs_weights w = {0}, wb = {0}; /* host weights, and as the backend computes with them */
@@ -317,7 +384,7 @@ static int run(const opts *o, fs_err *e)
      *    setup: one source of truth, received into buffers every rank allocated itself) */
     if (root) {
         if (o->inputs) {
-            if (!(rc = fs_dump_read_inputs(o->inputs, dt, &cfg, &in, e)) && o->config) {
+            if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && o->config) {
                 fs_config want;
                 if (!(rc = load_config(o->config, &want, e)) && memcmp(&want, &cfg, sizeof cfg))
                     rc = fs_errf(e, FS_E_INPUT, "--config %s differs from the config stored in %s", o->config, o->inputs);
@@ -325,8 +392,11 @@ static int run(const opts *o, fs_err *e)
         } else if (!(rc = load_config(o->config ? o->config : "default", &cfg, e))) {
             fs_gen_params g = o->gen;
             rc = fs_sched_preset(&g.sched, o->scheduler ? o->scheduler : (cfg.guidance_embeds ? "dev" : "schnell"), e);
-            if (!rc) rc = fs_inputs_generate(&in, &cfg, dt, &g, e);
+            if (!rc) rc = fs_inputs_generate(&in, &cfg, pdt, &g, e);
         }
+        if (!rc && pdt != dt) rc = fs_inputs_convert(&in, dt, e);
+        if (!rc && o->match) fs_inputs_match_bf16(&in);
+        if (!rc && o->inputs && !quiet) note_bf16_replay(o, dt);
     }
     if ((rc = agree(world, rc, e))) goto out;
     fs_bcast(world, 0, &cfg, sizeof cfg);
@@ -348,6 +418,10 @@ static int run(const opts *o, fs_err *e)
     if ((rc = agree(world, rc, e))) goto out;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
+    if (o->ar_order)
+        fs_comm_set_bf16_order(!strcmp(o->ar_order, "ring")      ? FS_BF16_ORDER_RING
+                               : !strcmp(o->ar_order, "reverse") ? FS_BF16_ORDER_REVERSE
+                                                                 : FS_BF16_ORDER_RANK);
 
     /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
      *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
@@ -356,10 +430,11 @@ static int run(const opts *o, fs_err *e)
     double t0 = now();
     const int ref_in_job = o->check && !o->check_ref;
     const int full = tp == 1 || (root && ref_in_job) || fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    if (o->weights) rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
-    else if (full) rc = fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e);
-    else rc = fs_weights_synthetic_shard(&w, &cfg, dt, o->weights_seed, &plan, tp, par.tp_rank, par.inject, e);
+    if (o->weights) rc = fs_weights_load(&w, &cfg, pdt, o->weights, e);
+    else if (full) rc = fs_weights_synthetic(&w, &cfg, pdt, o->weights_seed, e);
+    else rc = fs_weights_synthetic_shard(&w, &cfg, pdt, o->weights_seed, &plan, tp, par.tp_rank, par.inject, e);
     if (!rc && tp > 1 && !(root && ref_in_job) && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
+    if (!rc && pdt != dt) rc = fs_weights_convert(&w, dt, e);
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
@@ -368,12 +443,14 @@ static int run(const opts *o, fs_err *e)
     char wdesc[600], producer[320];
     if (o->weights) snprintf(wdesc, sizeof wdesc, "%s", o->weights);
     else snprintf(wdesc, sizeof wdesc, "synthetic seed %llu", (unsigned long long)o->weights_seed);
-    snprintf(producer, sizeof producer, "flux-sim %s (%s, %s)", FLUX_SIM_VERSION, be->name, fs_dtype_name(dt));
+    snprintf(producer, sizeof producer, "flux-sim %s (%s, %s%s)", FLUX_SIM_VERSION, be->name, fs_dtype_name(dt),
+             o->match ? ", matched to bfloat16" : "");
     if (o->dump) {
         rc = world->size > 1 ? fs_dump_create_parallel(&dump, o->dump, world, &cfg, dt, producer, e)
                              : fs_dump_create(&dump, o->dump, &cfg, dt, producer, e);
         if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
             rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
+        if (!rc && o->match) rc = fs_dump_set_attr_string(dump, "matched_to", "bfloat16", e); /* as the reference's */
     }
     if (!rc && o->dump_per_rank) {
         char path[1024], lprod[400];
@@ -389,7 +466,7 @@ static int run(const opts *o, fs_err *e)
         fs_check_tol tol = fs_check_default_tol(dt);
         if (o->rtol > 0) tol.rtol = o->rtol;
         if (o->rtol_max > 0) tol.mtol = o->rtol_max;
-        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
+        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->rtol > 0 || o->rtol_max > 0, o->check_ref, e);
         if (!rc) fs_check_set_break(check, o->brk);
     }
     if (!rc) { /* from here on the sink owns the dumps */
@@ -412,13 +489,15 @@ static int run(const opts *o, fs_err *e)
     /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
      *    cuts its weights to its TP shard like every other rank */
     if (ref_in_job && root) {
-        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_check_ref_recorder(check)};
+        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_check_ref_recorder(check),
+                        .match_bf16 = o->match != NULL};
         fs_step_hooks h = fs_check_ref_hooks(check);
         fs_tensor rl = {0};
         t0 = now();
         if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
         fs_tensor_free(&rl);
         fs_weights_free(&wb);
+        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, e);
         if (!rc && tp > 1 && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
     }
@@ -426,7 +505,7 @@ static int run(const opts *o, fs_err *e)
     if ((rc = agree(world, rc, e))) goto out;
 
     /* 6. the run in this layout */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .par = &par};
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .par = &par, .match_bf16 = o->match != NULL};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
