@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_version.h" /* FS_VERSION: one version for flux-sim and flux-oracle */
+
 /* Error codes double as process exit codes where that makes sense (2 = usage/input error,
  * the h5diff convention that flux-oracle and --check follow). */
 enum {
@@ -33,6 +35,10 @@ typedef enum fs_dtype { FS_F32 = 0, FS_F64 = 1 } fs_dtype;
 
 size_t fs_dtype_size(fs_dtype dt);
 const char *fs_dtype_name(fs_dtype dt); /* "float32" / "float64", as flux-dump's `dtype` */
+
+/* "[1, 64, 128]" ("[]" for ndim 0) into buf, cut to fit n. The one shape formatter of the
+ * project (tensors, dump datasets, messages), so shapes read the same in every message. */
+const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 #define FS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

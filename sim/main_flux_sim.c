@@ -23,7 +23,7 @@
 #include "fs_model.h"
 #include "fs_sampler.h"
 
-#define FLUX_SIM_VERSION "0.1.0"
+#define FLUX_SIM_VERSION FS_VERSION
 
 static void usage(FILE *f)
 {
