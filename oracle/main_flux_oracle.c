@@ -211,6 +211,13 @@ static void opts_free(opts *o)
     fo_steps_free(&o->steps);
 }
 
+static int g_out_errno;
+
+static void note_stdout(void)
+{
+    if (ferror(stdout) && !g_out_errno) g_out_errno = errno ? errno : EIO;
+}
+
 static int die(const char *msg)
 {
     fprintf(stderr, "flux-oracle: error: %s\n", msg);
@@ -1085,6 +1092,7 @@ static int run_stats(opts *o, const style *st)
     }
     char lb[400];
     int bad = r.first_nonfinite >= 0;
+    errno = 0;
     char sl[16], sh[160], co[96];
     if (o->json) {
         cJSON *root = cJSON_CreateObject();
@@ -1168,6 +1176,7 @@ static int run_stats(opts *o, const style *st)
             printf("\n");
         }
     }
+    note_stdout();
     fo_stat_report_free(&r);
     fo_file_close(a);
     return bad ? 1 : 0;
@@ -1176,13 +1185,17 @@ static int run_stats(opts *o, const style *st)
 /* ---------- main ---------- */
 
 /* Everything printed must have reached stdout: `diff --json > /full/disk/r.json` must not exit 0
- * with half a document there. */
+ * with half a document there. glibc drops a buffer it failed to write, so the reason (errno) is
+ * taken right after each block of output (note_stdout), not only at the final flush. */
+
 static int finish(int status)
 {
+    note_stdout();
     errno = 0;
     int bad = fflush(stdout) != 0;
-    int why = errno;
+    int why = bad ? errno : 0;
     if (ferror(stdout)) bad = 1;
+    if (g_out_errno) why = g_out_errno;
     if (bad) {
         fprintf(stderr, "flux-oracle: error: cannot write to standard output: %s\n", strerror(why ? why : EIO));
         return 2;
@@ -1224,8 +1237,10 @@ static int run(opts *o, const style *st)
     } else {
         o->verdict = fo_report_verdict(&r, o->strict, o->files[0], diff ? o->files[1] : NULL, o->why, sizeof o->why);
         status = (int)o->verdict;
+        errno = 0;
         if (o->json) print_diff_json(&r, o);
         else print_diff_human(&r, o, st);
+        note_stdout();
         if (o->verdict == FO_VERDICT_ERROR) die(o->why);
         if (o->html && write_report_file(o->html, "HTML report", html_report, &r, o, NULL, &we)) status = die(we.msg);
         else if (o->junit && write_report_file(o->junit, "JUnit report", junit_report, &r, o, NULL, &we))
