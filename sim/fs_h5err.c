@@ -18,14 +18,6 @@ static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
     return 0;
 }
 
-/* 1 when the field "k = v" (v starting at `v`) holds a pointer: "0x" and hex digits. */
-static int is_pointer_value(const char *v)
-{
-    if (v[0] != '0' || (v[1] != 'x' && v[1] != 'X')) return 0;
-    size_t k = strspn(v + 2, "0123456789abcdefABCDEF");
-    return k > 0 && (v[2 + k] == 0 || v[2 + k] == ',' || v[2 + k] == ' ');
-}
-
 const char *fs_h5_clean(const char *in, char *buf, size_t n)
 {
     if (!buf || n == 0) return buf;
@@ -35,7 +27,9 @@ const char *fs_h5_clean(const char *in, char *buf, size_t n)
     char tmp[1024];
     size_t o = 0;
     for (const char *p = in; *p && o + 1 < sizeof tmp; p++) {
-        char c = (unsigned char)*p < 0x20 || *p == 0x7f ? ' ' : *p;
+        /* HDF5's texts are ASCII; anything else (a damaged file's bytes echoed back) is shown as
+         * '?' so the line stays printable */
+        char c = (unsigned char)*p < 0x20 || *p == 0x7f ? ' ' : (unsigned char)*p >= 0x80 ? '?' : *p;
         if (c == ' ' && (o == 0 || tmp[o - 1] == ' ')) continue;
         tmp[o++] = c;
     }
@@ -52,27 +46,20 @@ const char *fs_h5_clean(const char *in, char *buf, size_t n)
         size_t wl = end ? (size_t)(end - why) : strlen(why);
         snprintf(out, sizeof out, "%.*s: %.*s", (int)(colon - tmp), tmp, (int)wl, why);
     } else {
-        /* 3. otherwise drop fields whose value is a pointer ("buf = 0x7ffd...") */
-        size_t w = 0;
-        const char *p = tmp;
-        while (*p && w + 1 < sizeof out) {
-            const char *eq = strstr(p, " = ");
-            const char *comma = strchr(p, ',');
-            if (eq && (!comma || eq < comma) && is_pointer_value(eq + 3)) {
-                /* drop from the start of this field (after the previous ", ") to its end */
-                const char *fend = comma ? comma + 1 : p + strlen(p);
-                while (w && out[w - 1] == ' ') w--;
-                if (w && out[w - 1] == ',') w--;
-                p = fend;
-                while (*p == ' ') p++;
-                if (*p && w && w + 2 < sizeof out) out[w++] = ',', out[w++] = ' ';
-                continue;
-            }
-            const char *fend = comma ? comma + 1 : p + strlen(p);
-            while (p < fend && w + 1 < sizeof out) out[w++] = *p++;
-        }
-        while (w && (out[w - 1] == ' ' || out[w - 1] == ',')) w--;
-        out[w] = 0;
+        snprintf(out, sizeof out, "%s", tmp);
+    }
+    /* 3. drop every "key = 0x<hex>" field, key included: heap pointers ("buf = 0x7ffd...")
+     * mean nothing to a user and make every message unique */
+    for (char *q; (q = strstr(out, "= 0x")) != NULL;) {
+        char *kend = q;
+        while (kend > out && kend[-1] == ' ') kend--;
+        char *kstart = kend;
+        while (kstart > out && kstart[-1] != ' ' && kstart[-1] != ',') kstart--;
+        char *vend = q + 4;
+        while (*vend && strchr("0123456789abcdefABCDEF", *vend)) vend++;
+        while (*vend == ',' || *vend == ' ') vend++;
+        while (kstart > out && (kstart[-1] == ' ' || kstart[-1] == ',') && !*vend) kstart--;
+        memmove(kstart, vend, strlen(vend) + 1);
     }
     /* 4. fit n at a word boundary */
     size_t len = strlen(out);
