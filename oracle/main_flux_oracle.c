@@ -814,9 +814,8 @@ static void html_svg(FILE *f, const fo_report *r)
         int right = X(r->first) < (L + W - R) / 2;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" fill=\"#d62728\" font-weight=\"bold\" text-anchor=\"%s\">"
                    "first divergence: ", X(r->first) + (right ? 8 : -8), T + 14, right ? "start" : "end");
-        char sl[16];
-        fprintf(f, "step %s ", step_label(en->step, sl, sizeof sl));
-        html_esc(f, en->name);
+        char lb[400];
+        html_esc(f, entry_label(en->step, en->group, en->name, lb, sizeof lb));
         fprintf(f, "</text>\n");
     }
     fprintf(f, "</svg>\n");
@@ -861,10 +860,9 @@ static void html_report(FILE *f, const fo_report *r, const opts *o, const char *
     }
     if (r->first >= 0) {
         const fo_entry *en = &r->v[r->first];
-        char sl[16], rk[256];
-        fprintf(f, "<p class=\"diverge\"><a href=\"#first\">First divergence</a>: step %s <code>",
-                step_label(en->step, sl, sizeof sl));
-        html_esc(f, en->name);
+        char lb[400], rk[256];
+        fputs("<p class=\"diverge\"><a href=\"#first\">First divergence</a>: <code>", f);
+        html_esc(f, entry_label(en->step, en->group, en->name, lb, sizeof lb));
         fputs("</code>: ", f);
         html_esc(f, en->msg);
         if (en->ranks) fprintf(f, "; ranks %s", ranks_str(en->ranks, rk, sizeof rk));

@@ -8,7 +8,11 @@
 #   - malformed / non-flux-dump / version 2 / truncated / absent files: exit 2, one stderr line;
 #   - consistency on fabricated per-rank files finds the first replicated dataset that differs
 #     and the rank; diff attributes a divergence to ranks through a sharding map (dim and dims);
-#   - --json parses and has the documented keys; --html is well-formed XML with an SVG plot.
+#   - --json parses and has the documented keys; --html is well-formed XML with an SVG plot,
+#     axis labels and a failures-only view;
+#   - partial dumps, names missing with and without a declaration (recorded_modules,
+#     recorded_steps), --modules/--steps narrowing, different models, malformed configs, all-NaN
+#     dumps and empty datasets: the exit codes and messages of docs/oracle.md.
 # Without ../shared/reference everything here is SKIPPED, loudly.
 set -u
 cd "$(dirname "$0")/.."
@@ -256,6 +260,13 @@ assert "rtol" in texts and "mtol" in texts and "first divergence" in texts and s
 assert any(c.get("r") == "6" for c in svg.iter(f"{ns}circle"))   # the marker
 rows = root.findall(".//tr")
 assert len(rows) == 277 and sum(1 for r in rows if r.get("class") == "first") == 1
+# failures-only view: the list of failing datasets and the table's toggle (passing rows "ok")
+assert root.find(".//input[@id='onlyfail']") is not None and "show only failing" in src
+assert sum(1 for r in rows if r.get("class") == "ok") == 275
+lis = root.findall(".//ul/li")
+assert len(lis) == 1 and sys.argv[2] in "".join(lis[0].itertext())
+# axis labels on the plot
+assert "datasets in execution order" in texts and "relative error (log scale)" in texts
 PY
 
 finish
