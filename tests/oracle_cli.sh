@@ -16,7 +16,7 @@
 # Without ../shared/reference everything here is SKIPPED, loudly.
 set -u
 cd "$(dirname "$0")/.."
-OR=build/flux-oracle
+OR=${OR:-build/flux-oracle}
 SIM=build/flux-sim
 PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
