@@ -33,6 +33,15 @@ int fo_walk_groups(fo_file *a, fo_file *b, fo_walk_group **out, int *n)
     return 0;
 }
 
+/* qsort_r of indices into a name array, by name then index (so the first mention sorts first) */
+static int cmp_idx(const void *a, const void *b, void *names)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    char **v = names;
+    int c = strcmp(v[x], v[y]);
+    return c ? c : (x > y) - (x < y);
+}
+
 int fo_walk_names(fo_file *f, const fo_walk_group *wg, char *gpath, size_t gn, fo_names *out, int *present, fs_err *e)
 {
     fo_names_free(out);
@@ -52,17 +61,27 @@ int fo_walk_names(fo_file *f, const fo_walk_group *wg, char *gpath, size_t gn, f
     *present = 1;
     int rc = fo_group_order(f, gpath, out, NULL, e);
     if (rc) return rc;
+    /* An `order` naming one dataset twice would compare it twice: keep the first mention. Found
+     * by sorting (a damaged `order` may hold a million names; pairwise checks would not end). */
+    unsigned char *dup = calloc(out->n ? (size_t)out->n : 1, 1);
+    int *idx = malloc((out->n ? (size_t)out->n : 1) * sizeof *idx);
+    if (!dup || !idx) {
+        free(dup), free(idx);
+        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", fo_file_path(f), gpath);
+    }
+    for (int i = 0; i < out->n; i++) idx[i] = i;
+    qsort_r(idx, (size_t)out->n, sizeof *idx, cmp_idx, out->v);
+    for (int i = 1; i < out->n; i++)
+        if (!strcmp(out->v[idx[i]], out->v[idx[i - 1]])) dup[idx[i]] = 1; /* idx ties keep ascending order */
     int k = 0;
     for (int i = 0; i < out->n; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/%s", gpath, out->v[i]);
-        /* an `order` naming one dataset twice would be compared twice */
-        int dup = 0;
-        for (int j = 0; j < k && !dup; j++) dup = !strcmp(out->v[j], out->v[i]);
-        if (!dup && fo_is_dataset(f, p)) out->v[k++] = out->v[i];
+        if (!dup[i] && fo_is_dataset(f, p)) out->v[k++] = out->v[i];
         else free(out->v[i]);
     }
     out->n = k;
+    free(dup), free(idx);
     return FS_OK;
 }
 

@@ -9,7 +9,8 @@
 #   #16  `version = 1e300`: a clean error (the range is checked before the float->int cast)
 #   the --truth summary line; /inputs datasets named by path ("/inputs/hidden_states", not
 #   "step in hidden_states"); flux-sim and flux-oracle report one version; two all-NaN dumps do
-#   not pass; a NaN facing a NaN is reported as non-finite on both sides.
+#   not pass; a NaN facing a NaN is reported as non-finite on both sides; an `order` listing a
+#   name twice compares it once.
 set -u
 cd "$(dirname "$0")/.."
 OR=${OR:-build/flux-oracle}
@@ -57,6 +58,9 @@ copy("nan.h5", allnan)
 def one_nan(f):
     x = f["step_0001/proj_out"]; y = x[()]; y.flat[3] = np.nan; x[...] = y
 copy("onenan.h5", one_nan)
+def dup_order(f):
+    g = f["step_0000"]; o = list(g.attrs["order"]); g.attrs["order"] = np.array(o + o[:3], dtype=h5py.string_dtype())
+copy("dup_order.h5", dup_order)
 PY
 mkdir -p "$T/adir"
 
@@ -101,6 +105,8 @@ if grep -qF "m )" "$T/out"; then bad "--truth summary still prints 'm )'"; else 
 run "stats names /inputs datasets by path" 1 "NONFINITE: first at /inputs/hidden_states" -- stats -q "$T/nan.h5"
 run "two all-NaN dumps do not pass" 1 "non-finite on both sides" -- diff -q "$T/nan.h5" "$T/nan.h5"
 run "one NaN, against itself: non-finite on both sides at the same place" 1 "DIVERGE at step 1 proj_out: non-finite on both sides: NaN in A and B at the same places" -- diff -q "$T/onenan.h5" "$T/onenan.h5"
+"$OR" diff -q "$T/A.h5" "$T/A.h5" >"$T/self" 2>&1
+run "an \`order\` naming datasets twice: each compared once" 0 "$(grep -o '^PASS: [0-9]* tensors compared' "$T/self")" -- diff -q "$T/A.h5" "$T/dup_order.h5"
 v1=$("$SIM" --version | grep -o '[0-9][0-9.]*' | head -1); v2=$("$OR" --version | grep -o '[0-9][0-9.]*' | head -1)
 [ -n "$v1" ] && [ "$v1" = "$v2" ] && ok "one version: flux-sim $v1, flux-oracle $v2" || bad "versions differ: flux-sim '$v1', flux-oracle '$v2'"
 finish
