@@ -14,6 +14,7 @@
 #include "fs_comm.h"
 
 #include "fo_dump.h"
+#include "fs_h5err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -61,20 +62,8 @@ static int writes_whole(const fs_dump *d) { return !d->g || d->g->rank == 0; }
 
 /* ---------- HDF5 helpers ---------- */
 
-static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
-{
-    if (n == 0 && err->desc) snprintf((char *)data, 256, "%s", err->desc);
-    return 0;
-}
-
-/* The innermost HDF5 error description, for the cause part of a one-line message. */
-static const char *h5_cause(char buf[256])
-{
-    buf[0] = 0;
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, err_walk_cb, buf);
-    if (!buf[0]) snprintf(buf, 256, "HDF5 error");
-    return buf;
-}
+/* The innermost HDF5 error description, as one clean line (fs_h5err.h). */
+static const char *h5_cause(char buf[256]) { return fs_h5_cause(buf, 256); }
 
 /* A variable-length UTF-8 C string type: what h5py uses for Python str. */
 static hid_t vlen_utf8(void)

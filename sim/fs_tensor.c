@@ -108,15 +108,7 @@ fs_tensor fs_tensor_rows(const fs_tensor *t, int64_t r0, int64_t n)
     return v;
 }
 
-const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n)
-{
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < t->ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
-    return buf;
-}
+const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n) { return fs_shape_str(t->ndim, t->shape, buf, n); }
 
 double fs_tensor_get(const fs_tensor *t, int64_t i)
 {

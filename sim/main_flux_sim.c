@@ -28,7 +28,7 @@
 #include "fs_sink.h"
 #include "fo_dump.h"
 
-#define FLUX_SIM_VERSION "0.1.0"
+#define FLUX_SIM_VERSION FS_VERSION
 
 static void usage(FILE *f)
 {
