@@ -52,14 +52,6 @@ int fo_tolerance_pass(const fo_stats *s, fo_tolerance t)
     return t.mtol <= 0 || fo_stats_max_rel(s) <= t.mtol;
 }
 
-int fo_tolerance_pass_truth(const fo_stats *sa, const fo_stats *sb, double m, fo_tolerance t)
-{
-    if (sb->n_nonfinite_mismatch > sa->n_nonfinite_mismatch) return 0;
-    if (sb->max_abs <= t.atol) return 1;
-    if (!(sb->rel_l2 <= m * sa->rel_l2 + t.rtol / 10)) return 0;
-    return t.mtol <= 0 || fo_stats_max_rel(sb) <= m * fo_stats_max_rel(sa) + t.mtol / 10;
-}
-
 int fo_tolerance_arbiter(const fo_stats *cand, const fo_stats *base, fo_tolerance t)
 {
     const double mr = t.m_rel > 0 ? t.m_rel : 2, mm = t.m_max > 0 ? t.m_max : 2;

@@ -36,13 +36,8 @@ fo_tolerance fo_tolerance_looser(fo_tolerance a, fo_tolerance b);
 /* 1 = within tolerance (the rule above). */
 int fo_tolerance_pass(const fo_stats *s, fo_tolerance t);
 
-/* The arbiter rule (PyTorch's torch._dynamo accuracy check with an fp64 reference): candidate B
- * passes where err(B, truth) <= m * err(A, truth) + eps, for rel_l2 with eps = rtol/10 and, when
- * mtol > 0, for max_rel with eps = mtol/10. `sa` compares A with the truth, `sb` B with the
- * truth. Non-finite mismatches in B that A does not share fail. */
-int fo_tolerance_pass_truth(const fo_stats *sa, const fo_stats *sb, double m, fo_tolerance t);
-
-/* The same rule, written the way --check and the bf16 verdict use it: the CANDIDATE passes where
+/* The arbiter rule (PyTorch's torch._dynamo accuracy check with an fp64 reference), used by
+ * `flux-oracle diff A B --truth T` and by --check of a bf16 run: the CANDIDATE passes where
  *     err(candidate, truth) <= m_rel · err(baseline, truth) + rtol/10          (rel L2)
  * and (mtol > 0)  max_rel(candidate, truth) <= m_max · max_rel(baseline, truth) + mtol/10
  * with `cand` comparing the candidate with the truth and `base` the baseline with the truth.

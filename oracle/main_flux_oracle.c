@@ -156,9 +156,12 @@ static void usage(FILE *o)
           "  --atol X          absolute floor on max|A-B|      [float32 1e-6, float64 1e-13]\n"
           "  --mtol X          bound on max|A-B|/max|B|, 0 off [float32 5e-4, float64 1e-9]\n"
           "                    defaults: the looser of the two files' dtypes\n"
-          "  --truth T.h5      arbiter (e.g. a float64 run): B passes where\n"
-          "                    err(B,T) <= m*err(A,T) + tol/10, for rel L2 and max rel\n"
-          "  --multiplier M    m of that rule [2, as PyTorch's accuracy checker]\n"
+          "  --truth T.h5      arbiter (a float64 run of the same problem): A, the candidate, passes where\n"
+          "                    err(A,T) <= m*err(B,T) + tol/10 for rel L2 and max rel, B being the\n"
+          "                    baseline (flux-sim's own run in A's precision). A bf16 GPU run:\n"
+          "                    diff RUN.h5 SIM_BF16.h5 --truth SIM_FP64_MATCHED.h5 (docs/bf16.md)\n"
+          "  --multiplier M    m of that rule for both metrics [2, as PyTorch's accuracy checker;\n"
+          "                    bfloat16: 2 on rel L2, 3 on max rel, measured]\n"
           "\n"
           "What must be on both sides: every dataset one file recorded must be in the other, unless\n"
           "the file lacking it declares it unrecorded (root `recorded_steps`, a step's\n"
@@ -516,7 +519,9 @@ static void print_diff_human(const fo_report *r, const opts *o, const style *st)
     else
         printf("%s: %d of %d replicated datasets differ across ranks; %s\n", verdict_word(o->verdict), r->nfail,
                r->n_compared, cn);
-    if (!cons && r->with_truth) printf("(arbiter multiplier m = %g)\n", r->multiplier);
+    if (!cons && r->with_truth)
+        printf("(arbiter: A's error vs the truth at most %g x B's on rel L2, %g x on max rel, + tol/10)\n", r->tol.m_rel,
+               r->tol.m_max);
 }
 
 /* ---------- JSON ---------- */

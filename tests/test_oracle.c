@@ -41,14 +41,25 @@ static void test_tolerance_rules(void **state)
     assert_false(fo_tolerance_pass(&s, (fo_tolerance){.rtol = 1, .atol = 1, .mtol = 1}));
 
     /* arbiter: B may be 2x as far from the truth as A, plus tol/10 */
-    fo_stats a = {0}, b = {0};
-    a.rel_l2 = 1e-5, a.max_abs = 1e-4, a.max_abs_b = 1;
-    b.rel_l2 = 2.5e-5, b.max_abs = 2e-4, b.max_abs_b = 1;
-    assert_true(fo_tolerance_pass_truth(&a, &b, 2, f32));  /* 2.5e-5 <= 2e-5 + 2e-5 */
-    b.max_abs = 3e-4;                                       /* 3e-4 > 2e-4 + 5e-5 */
-    assert_false(fo_tolerance_pass_truth(&a, &b, 2, f32));
-    b.max_abs = 2e-4, b.rel_l2 = 5e-5;
-    assert_false(fo_tolerance_pass_truth(&a, &b, 2, f32));
+    /* the candidate (cand) may be m times as far from the truth as the baseline (base), + tol/10 */
+    fo_stats base = {0}, cand = {0};
+    base.rel_l2 = 1e-5, base.max_abs = 1e-4, base.max_abs_b = 1;
+    cand.rel_l2 = 2.5e-5, cand.max_abs = 2e-4, cand.max_abs_b = 1;
+    f32.m_rel = f32.m_max = 2;
+    assert_true(fo_tolerance_arbiter(&cand, &base, f32));  /* 2.5e-5 <= 2e-5 + 2e-5 */
+    cand.max_abs = 3e-4;                                    /* 3e-4 > 2e-4 + 5e-5 */
+    assert_false(fo_tolerance_arbiter(&cand, &base, f32));
+    cand.max_abs = 2e-4, cand.rel_l2 = 5e-5;
+    assert_false(fo_tolerance_arbiter(&cand, &base, f32));
+    assert_false(fo_tolerance_arbiter(&base, &cand, f32) == 0); /* the roles are not symmetric */
+    /* bfloat16: the measured multipliers, 2 on rel L2 and 3 on max rel */
+    fo_tolerance bf = fo_tolerance_default("bfloat16");
+    assert_true(bf.m_rel == 2 && bf.m_max == 3);
+    base.rel_l2 = 8e-3, base.max_abs = 8e-3, base.max_abs_b = 1;
+    cand.rel_l2 = 1.6e-2, cand.max_abs = 2.9e-2, cand.max_abs_b = 1; /* 2.9e-2 <= 3 x 8e-3 + 6e-3 */
+    assert_true(fo_tolerance_arbiter(&cand, &base, bf));
+    cand.max_abs = 3.1e-2;
+    assert_false(fo_tolerance_arbiter(&cand, &base, bf));
 }
 
 static double rnd(uint64_t *x)
