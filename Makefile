@@ -39,6 +39,13 @@ $(B)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# fs_rng_fast.c repeats glibc's FMA placement operation by operation: the compiler must not fuse
+# any other multiply-add there (see the comment at the top of that file).
+$(B)/sim/fs_rng_fast.o: CFLAGS += -ffp-contract=off
+# fs_weights_synth.c: same reason (1.0 + 0.1*z must stay a multiply and an add in every clone);
+# and -O2's "very cheap" vectoriser cost model leaves its scale loops scalar (3x slower).
+$(B)/sim/fs_weights_synth.o: CFLAGS += -ffp-contract=off -fvect-cost-model=dynamic
+
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
