@@ -49,9 +49,21 @@ void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int
                                       void *out);
 
 /* Load from safetensors (implemented in fs_weights_load.c). `path` is a .safetensors file,
- * a *.safetensors.index.json, or a directory containing either. Every tensor is validated
+ * a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
+ * (its transformer/ is opened; fs_pipeline.h). Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
+
+/* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
+ * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
+ * "model.diffusion_model." prefix), its first dimension `rows` (the fused size for qkv/linear1),
+ * and *np pieces: rows [src_r0, src_r0 + nrows) of the BFL tensor are rows [dst_r0, ...) of d
+ * (two pieces for norm_out's swapped halves). Returns -1 for a parameter no rule covers. */
+typedef struct fs_bfl_piece {
+    int64_t src_r0, nrows, dst_r0;
+} fs_bfl_piece;
+int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
+                          fs_bfl_piece p[2], int *np);
 
 /* Which part of parameter `d` TP rank t of T holds under `plan`: rows [r0, r1) and the column
  * intervals (1 or 2; packed_rowwise has 2). sharded == 0: the whole tensor. */
