@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "fs_pipeline.h"
 #include "fs_weights.h"
 
 uint16_t fs_f16_from_float(float f)
@@ -153,6 +155,25 @@ typedef struct wctx {
     int64_t cap;  /* elements in f / o */
 } wctx;
 
+/* Elements [first, first + m) of parameter d as the file stores them (m <= w->cap): the fp32
+ * synthetic values, then rounded to the file dtype. Returns the bytes (w->f or w->o). */
+static const void *encode(wctx *w, const fs_param_desc *d, int64_t first, int64_t m)
+{
+    fs_weights_synthetic_fill(d, w->s->seed, first, m, FS_F32, w->f);
+    uint16_t *o = w->o;
+    if (w->s->dtype == FS_ST_BF16) {
+#pragma omp parallel for schedule(static) if (m > 65536)
+        for (int64_t i = 0; i < m; i++) o[i] = fs_bf16_from_float(w->f[i]);
+        return o;
+    }
+    if (w->s->dtype == FS_ST_F16) {
+#pragma omp parallel for schedule(static) if (m > 65536)
+        for (int64_t i = 0; i < m; i++) o[i] = fs_f16_from_float(w->f[i]);
+        return o;
+    }
+    return w->f;
+}
+
 static int write_all(int fd, const void *p, size_t n, const char *path, fs_err *e)
 {
     const char *c = p;
@@ -230,20 +251,7 @@ static int write_safetensors(wctx *w, const int *shard_of, int shard, const char
                 const int64_t n = nr * cols; /* <= cap unless one row is wider than cap */
                 for (int64_t c0 = 0; c0 < n; c0 += w->cap) {
                     const int64_t m = n - c0 < w->cap ? n - c0 : w->cap;
-                    fs_weights_synthetic_fill(&l->params[p->param], w->s->seed, (p->param_r0 + r) * cols + c0, m, FS_F32,
-                                              w->f);
-                    const void *src = w->f;
-                    if (dt == FS_ST_BF16) {
-                        uint16_t *o = w->o;
-#pragma omp parallel for schedule(static) if (m > 65536)
-                        for (int64_t i = 0; i < m; i++) o[i] = fs_bf16_from_float(w->f[i]);
-                        src = o;
-                    } else if (dt == FS_ST_F16) {
-                        uint16_t *o = w->o;
-#pragma omp parallel for schedule(static) if (m > 65536)
-                        for (int64_t i = 0; i < m; i++) o[i] = fs_f16_from_float(w->f[i]);
-                        src = o;
-                    }
+                    const void *src = encode(w, &l->params[p->param], (p->param_r0 + r) * cols + c0, m);
                     if ((rc = write_all(fd, src, (size_t)m * es, path, e))) goto out;
                     w->done += (uint64_t)m * es;
                     if (w->s->progress && w->s->progress(w->s->progress_ctx, w->done, w->total)) {
@@ -549,5 +557,88 @@ out:
     free(w.f);
     free(w.o);
     fs_ckpt_layout_free(&l);
+    return rc;
+}
+
+/* ---- reading back ---- */
+
+int fs_ckpt_verify(const fs_ckpt_spec *s, const char *path, int *differing, fs_err *e)
+{
+    *differing = 0;
+    char *open_path = NULL;
+    fs_st_archive a;
+    int rc = fs_pipeline_weights_path(path, &open_path, e);
+    if (!rc) rc = fs_st_archive_open(&a, open_path, e);
+    free(open_path);
+    if (rc) return rc;
+    /* the naming: diffusers, BFL, or BFL with the ComfyUI prefix */
+    int bfl = 0;
+    const char *prefix = "";
+    if (!fs_st_archive_find(&a, "x_embedder.weight")) {
+        bfl = 1;
+        if (fs_st_archive_find(&a, "model.diffusion_model.img_in.weight")) prefix = "model.diffusion_model.";
+    }
+    fs_ckpt_layout l;
+    if ((rc = fs_ckpt_layout_init(&l, &s->cfg, bfl, prefix, e))) {
+        fs_st_archive_close(&a);
+        return rc;
+    }
+    wctx w = {.s = s, .l = &l, .total = fs_ckpt_total_bytes(&l, s->dtype), .cap = 1 << 22};
+    w.f = malloc((size_t)w.cap * sizeof *w.f);
+    w.o = malloc((size_t)w.cap * 2);
+    const size_t es = fs_st_dtype_size(s->dtype);
+    char first_bad[256] = "";
+    if (!w.f || !w.o) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (a.n != l.n) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: %d tensors, the config has %d (%s naming)", path, a.n, l.n, bfl ? "BFL" : "diffusers");
+        goto out;
+    }
+    for (int k = 0; k < l.n; k++) {
+        const fs_ckpt_tensor *t = &l.t[k];
+        const fs_st_entry *en = fs_st_archive_find(&a, t->name);
+        if (!en) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: missing tensor '%s'", path, t->name);
+            goto out;
+        }
+        const int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+        if (en->dtype != s->dtype || en->ndim != t->ndim || en->shape[0] != t->shape[0] || (t->ndim == 2 && en->shape[1] != cols)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: tensor '%s' is %s with %d dims, expected %s [%lld%s]", fs_st_archive_file_of(&a, en),
+                         t->name, fs_st_dtype_name(en->dtype), en->ndim, fs_st_dtype_name(s->dtype), (long long)t->shape[0],
+                         t->ndim == 2 ? ", ..." : "");
+            goto out;
+        }
+        int same = 1;
+        for (int j = 0; j < t->np && same; j++) {
+            const fs_ckpt_piece *p = &t->p[j];
+            const int64_t n = p->nrows * cols;
+            for (int64_t c0 = 0; c0 < n && same; c0 += w.cap) {
+                const int64_t m = n - c0 < w.cap ? n - c0 : w.cap;
+                const void *want = encode(&w, &l.params[p->param], p->param_r0 * cols + c0, m);
+                same = !memcmp((const char *)en->data + (size_t)(p->dst_r0 * cols + c0) * es, want, (size_t)m * es);
+                w.done += (uint64_t)m * es;
+                if (s->progress && s->progress(s->progress_ctx, w.done, w.total)) {
+                    rc = fs_errf(e, FS_E_INPUT, "%s: interrupted", path);
+                    goto out;
+                }
+            }
+        }
+        if (!same && (*differing)++ == 0)
+            snprintf(first_bad, sizeof first_bad, "%s", t->name);
+        /* done with this tensor's pages: drop them from our resident set (they stay in the page
+         * cache, reclaimable) so checking 24 GB does not look like 24 GB of memory use */
+        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a0 = (uintptr_t)en->data / pg * pg;
+        madvise((void *)a0, (uintptr_t)en->data + (en->end - en->begin) - a0, MADV_DONTNEED);
+    }
+    if (*differing)
+        fs_errf(e, FS_E_INPUT, "%s: %d tensor%s from synthetic seed %llu as %s, first '%s'", path, *differing,
+                *differing == 1 ? " differs" : "s differ", (unsigned long long)s->seed, fs_st_dtype_name(s->dtype), first_bad);
+out:
+    free(w.f);
+    free(w.o);
+    fs_ckpt_layout_free(&l);
+    fs_st_archive_close(&a);
     return rc;
 }

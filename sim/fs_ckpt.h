@@ -92,6 +92,15 @@ typedef struct fs_ckpt_spec {
  * safetensors headers not counted). */
 int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_written, fs_err *e);
 
+/* Reads back a checkpoint at `path` (a file, transformer folder or pipeline folder, in either
+ * naming; opened with the loader's reader, so every header and the index are validated) and
+ * compares each tensor's bytes with what fs_ckpt_write would write for `s` (config, seed, dtype;
+ * kind and shard size do not matter), block by block: a 24 GB checkpoint is checked in constant
+ * memory, where loading it in fp32 would need 48 GB. Returns FS_OK with *differing = number of
+ * tensors whose bytes differ (the first named in e->msg), or an error for a missing, extra or
+ * wrongly shaped/typed tensor. */
+int fs_ckpt_verify(const fs_ckpt_spec *s, const char *path, int *differing, fs_err *e);
+
 /* Bytes of tensor data the spec writes (the index's metadata.total_size), for planning. */
 uint64_t fs_ckpt_total_bytes(const fs_ckpt_layout *l, fs_st_dtype dt);
 

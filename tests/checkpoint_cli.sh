@@ -69,6 +69,21 @@ else bad "scheduler_config.json: '$a' / schnell '$b' / dev '$c'"; fi
 a=$(final --weights "$T/static" --scheduler dev)
 if [ "$a" = "$c" ]; then ok "--scheduler overrides scheduler_config.json"; else bad "--scheduler override: '$a' vs '$c'"; fi
 
+# ---- --verify reads a checkpoint back against the synthetic weights ----
+if "$MK" -q --config tiny --weights-seed 5 --verify "$T/FLUX.1-tiny" && "$MK" -q --config tiny --weights-seed 5 --verify "$T/flux1-tiny.safetensors" &&
+   "$MK" -q --config odd --dtype f32 --verify "$T/odd-transformer"; then
+  ok "--verify: the three checkpoints hold exactly the synthetic weights"
+else bad "--verify of fresh checkpoints"; fi
+cp -r "$T/odd-transformer" "$T/flipped"
+/usr/bin/python3 - "$T/flipped/diffusion_pytorch_model.safetensors" <<'PY'
+import struct, sys
+p = sys.argv[1]; f = open(p, "r+b"); n = struct.unpack("<Q", f.read(8))[0]
+f.seek(8 + n + 1000); b = f.read(1); f.seek(8 + n + 1000); f.write(bytes([b[0] ^ 1])); f.close()
+PY
+"$MK" -q --config odd --dtype f32 --verify "$T/flipped" 2>"$T/err"; rc=$?
+if [ $rc -eq 1 ] && grep -q "1 tensor differs" "$T/err"; then ok "--verify finds one flipped bit: $(cat "$T/err")"
+else bad "--verify of a flipped bit: rc=$rc $(cat "$T/err")"; fi
+
 # ---- bad cases: one line, exit 2 ----
 mkdir -p "$T/empty"
 err "--config dir without config" "neither config.json nor transformer/config.json" "$SIM" -q --config "$T/empty" $RUN

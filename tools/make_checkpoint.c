@@ -4,7 +4,8 @@
  * it is the one tool here that writes tens of GB, so it has its own progress, interrupt and
  * disk-space handling (fs_ckpt.c) without adding a code path to the simulator's CLI.
  *
- * Exit status: 0 written; 2 any error (one line on stderr, nothing left at OUT). */
+ * Exit status: 0 written (--verify: identical); 1 --verify found differing tensors; 2 any error
+ * (one line on stderr, nothing left at OUT). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -41,6 +42,9 @@ static void usage(FILE *f)
             "  --max-shard-size S      shard size limit, Hugging Face style: 10GB (= 10^10 bytes), 5GiB,\n"
             "                          500MB, or bytes [10GB, what FLUX.1-dev's 3 shards were cut with]\n"
             "  --bfl-prefix            bfl layout: prefix names with model.diffusion_model.\n"
+            "  --verify                read OUT back instead of writing it: every tensor's bytes against\n"
+            "                          the synthetic weights of --config/--weights-seed/--dtype (any layout);\n"
+            "                          exit 0 identical, 1 different (the first tensor named), 2 error\n"
             "  -q, --quiet             no progress on stderr\n"
             "  -h, --help\n"
             "\n"
@@ -75,6 +79,7 @@ static int progress(void *ctx, uint64_t done, uint64_t total)
     if (p->quiet || !total) return 0;
     const double t = now();
     const int pct = (int)(100.0 * (double)done / (double)total);
+    if (t - p->t0 < 2) return 0; /* small checkpoints: no progress lines */
     if (pct / 5 > p->last_pct / 5 || t - p->last > 10 || done == total) {
         const double rate = done / (t - p->t0 + 1e-9);
         fprintf(stderr, "make-checkpoint: %6.2f / %.2f GB (%3d%%), %.2f GB/s, %.0f s elapsed, ~%.0f s left\n", done / 1e9,
@@ -107,13 +112,14 @@ static int parse_size(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    enum { O_CONFIG = 256, O_SEED, O_LAYOUT, O_DTYPE, O_SHARD, O_PREFIX };
+    enum { O_CONFIG = 256, O_SEED, O_LAYOUT, O_DTYPE, O_SHARD, O_PREFIX, O_VERIFY };
     static const struct option lo[] = {{"config", required_argument, 0, O_CONFIG},
                                        {"weights-seed", required_argument, 0, O_SEED},
                                        {"layout", required_argument, 0, O_LAYOUT},
                                        {"dtype", required_argument, 0, O_DTYPE},
                                        {"max-shard-size", required_argument, 0, O_SHARD},
                                        {"bfl-prefix", no_argument, 0, O_PREFIX},
+                                       {"verify", no_argument, 0, O_VERIFY},
                                        {"quiet", no_argument, 0, 'q'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -121,7 +127,7 @@ int main(int argc, char **argv)
     fs_ckpt_spec s = {.kind = FS_CKPT_DIFFUSERS, .dtype = FS_ST_BF16, .max_shard_bytes = 10000000000ULL, .bfl_prefix = ""};
     prog pg = {0};
     fs_err e = {0};
-    int ch, rc = 0;
+    int ch, rc = 0, verify = 0;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "qh", lo, NULL)) != -1 && !rc) {
         switch (ch) {
@@ -152,6 +158,7 @@ int main(int argc, char **argv)
                              optarg);
             break;
         case O_PREFIX: s.bfl_prefix = "model.diffusion_model."; break;
+        case O_VERIFY: verify = 1; break;
         case 'q': pg.quiet = 1; break;
         case 'h': usage(stdout); return 0;
         default:
@@ -177,6 +184,17 @@ int main(int argc, char **argv)
     pg.t0 = pg.last = now();
     pg.last_pct = -5;
     uint64_t bytes = 0;
+    if (verify) {
+        int differing = 0;
+        if ((rc = fs_ckpt_verify(&s, out, &differing, &e)) || differing) {
+            fprintf(stderr, "make-checkpoint: %s: %s\n", rc ? "error" : "verify", e.msg);
+            return rc ? 2 : 1;
+        }
+        if (!pg.quiet)
+            fprintf(stderr, "make-checkpoint: %s holds exactly the synthetic weights (seed %llu, %s); checked in %.1f s\n", out,
+                    (unsigned long long)s.seed, fs_st_dtype_name(s.dtype), now() - pg.t0);
+        return 0;
+    }
     if (!pg.quiet)
         fprintf(stderr, "make-checkpoint: %s, %d double + %d single blocks, seed %llu, %s, %s layout (RNG kernel: %s)\n", out,
                 s.cfg.num_layers, s.cfg.num_single_layers, (unsigned long long)s.seed, fs_st_dtype_name(s.dtype),
