@@ -75,34 +75,45 @@ static int whole(const fs_param_desc *d, const fs_tp_split *s)
     return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
 }
 
-/* The elements a shard holds, generated run by run: a run is a contiguous range of the full
- * tensor's element indices (a whole-width shard, the full tensor included, is one run; a column
- * slice is one run per row and interval), filled in blocks through fs_rng_normal_fill (two
- * normals per Box-Muller pair). Values equal fs_weights_synthetic_value's. */
-static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_tp_split *sh, uint64_t seed)
+/* The old bulk path (before fs_rng_fast.c / fs_weights_synth.c): libm per pair, the scale per
+ * element, one thread. Kept as the reference the fast path is measured and tested against. */
+void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                                      void *out)
 {
     enum { BLK = 4096 };
     double buf[BLK];
     const uint64_t key = fs_rng_key(seed, d->name);
+    for (int64_t k0 = 0; k0 < count; k0 += BLK) {
+        const int64_t m = count - k0 < BLK ? count - k0 : BLK;
+        fs_rng_normal_fill_scalar(key, (uint64_t)(first + k0), m, buf);
+        if (dt == FS_F64)
+            for (int64_t k = 0; k < m; k++) ((double *)out)[k0 + k] = synthetic_scale(d, buf[k]);
+        else if (dt == FS_BF16)
+            for (int64_t k = 0; k < m; k++) ((uint16_t *)out)[k0 + k] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
+        else
+            for (int64_t k = 0; k < m; k++) ((float *)out)[k0 + k] = (float)synthetic_scale(d, buf[k]);
+    }
+}
+
+/* The elements a shard holds, generated run by run: a run is a contiguous range of the full
+ * tensor's element indices (a whole-width shard, the full tensor included, is one run; a column
+ * slice is one run per row and interval), each filled by fs_weights_synthetic_fill (vectorised,
+ * threaded over blocks). Values equal fs_weights_synthetic_value's. */
+static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_tp_split *sh, uint64_t seed)
+{
     const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
     const int whole_rows = sh->nc == 1 && sh->c[0][0] == 0 && sh->c[0][1] == K;
+    const size_t es = fs_dtype_size(t->dtype);
+    if (whole_rows) {
+        fs_weights_synthetic_fill(d, seed, sh->r0 * K, (sh->r1 - sh->r0) * K, t->dtype, t->data);
+        return;
+    }
     int64_t out = 0;
     for (int64_t r = sh->r0; r < sh->r1; r++)
         for (int i = 0; i < sh->nc; i++) {
-            const int64_t first = r * K + sh->c[i][0];
-            const int64_t len = whole_rows ? (sh->r1 - sh->r0) * K : sh->c[i][1] - sh->c[i][0];
-            for (int64_t k0 = 0; k0 < len; k0 += BLK) {
-                const int64_t m = len - k0 < BLK ? len - k0 : BLK;
-                fs_rng_normal_fill(key, (uint64_t)(first + k0), m, buf);
-                if (t->dtype == FS_F64)
-                    for (int64_t k = 0; k < m; k++) ((double *)t->data)[out++] = synthetic_scale(d, buf[k]);
-                else if (t->dtype == FS_BF16) /* what a bf16 run loads from a float32 checkpoint */
-                    for (int64_t k = 0; k < m; k++)
-                        ((uint16_t *)t->data)[out++] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
-                else
-                    for (int64_t k = 0; k < m; k++) ((float *)t->data)[out++] = (float)synthetic_scale(d, buf[k]);
-            }
-            if (whole_rows) return;
+            const int64_t len = sh->c[i][1] - sh->c[i][0];
+            fs_weights_synthetic_fill(d, seed, r * K + sh->c[i][0], len, t->dtype, (char *)t->data + (size_t)out * es);
+            out += len;
         }
 }
 

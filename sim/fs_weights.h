@@ -37,11 +37,34 @@ int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_
 /* The value of element `index` of synthetic parameter `d` (what fs_weights_synthetic stores,
  * before rounding to the run dtype). For sharded generation and tests. */
 double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index);
+/* Elements [first, first + count) of synthetic parameter `d` as a `dt` run stores them (float:
+ * the value rounded to nearest even), into out (float or double): bit-identical to
+ * fs_weights_synthetic_value element by element. Vectorised (fs_rng_fast.c) and OpenMP-threaded
+ * over blocks (serial inside a caller's parallel region). For generating without holding a whole
+ * tensor (tools/make_checkpoint.c) and for fs_weights_synthetic itself. */
+void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                               void *out);
+/* The same values by the old path (libm per pair, one thread): the reference for benchmarks and
+ * tests. */
+void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                                      void *out);
 
 /* Load from safetensors (implemented in fs_weights_load.c). `path` is a .safetensors file,
- * a *.safetensors.index.json, or a directory containing either. Every tensor is validated
+ * a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
+ * (its transformer/ is opened; fs_pipeline.h). Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
+
+/* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
+ * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
+ * "model.diffusion_model." prefix), its first dimension `rows` (the fused size for qkv/linear1),
+ * and *np pieces: rows [src_r0, src_r0 + nrows) of the BFL tensor are rows [dst_r0, ...) of d
+ * (two pieces for norm_out's swapped halves). Returns -1 for a parameter no rule covers. */
+typedef struct fs_bfl_piece {
+    int64_t src_r0, nrows, dst_r0;
+} fs_bfl_piece;
+int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
+                          fs_bfl_piece p[2], int *np);
 
 /* Which part of parameter `d` TP rank t of T holds under `plan`: the TP split of its Linear
  * (fs_tp_split_of, the one owner of that arithmetic): rows [r0, r1) and the column intervals.

@@ -6,6 +6,7 @@
  * order, so a plan is a row slice of a bigger tensor, or two slices swapped. A single contiguous
  * slice of an F32 source in an F32 run is used in place (a view into the mapping); anything
  * else is decoded into an owned tensor. */
+#include "fs_pipeline.h"
 #include "fs_safetensors.h"
 #include "fs_weights.h"
 
@@ -149,6 +150,18 @@ static int plan_bfl(plan *pl, const fs_param_desc *d, const fs_config *c, const 
     return rows == d->shape[0] ? 0 : -1;
 }
 
+int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
+                          fs_bfl_piece p[2], int *np)
+{
+    plan pl = {0};
+    if (plan_bfl(&pl, d, c, "")) return -1;
+    snprintf(name, name_len, "%s", pl.src);
+    *rows = pl.src_rows;
+    *np = pl.np;
+    for (int k = 0; k < pl.np; k++) p[k] = (fs_bfl_piece){pl.p[k].src_r0, pl.p[k].nrows, pl.p[k].dst_r0};
+    return 0;
+}
+
 /* Which naming the checkpoint uses, from the first component of every key. A checkpoint that
  * mixes conventions is refused rather than half-loaded. */
 enum naming { N_UNKNOWN, N_DIFFUSERS, N_BFL, N_BFL_PREFIXED };
@@ -251,10 +264,13 @@ int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *
 
     fs_st_archive a;
     unsigned char *used = NULL;
-    if ((rc = fs_st_archive_open(&a, path, e))) {
+    char *open_path = NULL; /* a pipeline folder's transformer/ (fs_pipeline.c), else path */
+    if ((rc = fs_pipeline_weights_path(path, &open_path, e)) || (rc = fs_st_archive_open(&a, open_path, e))) {
+        free(open_path);
         fs_weights_free(w);
         return rc;
     }
+    free(open_path);
     enum naming naming;
     if ((rc = detect_naming(&a, &naming, e))) goto fail;
     const int bfl = naming == N_BFL || naming == N_BFL_PREFIXED;

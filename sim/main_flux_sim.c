@@ -24,6 +24,7 @@
 #include "fs_dump.h"
 #include "fs_gather.h"
 #include "fs_model.h"
+#include "fs_pipeline.h"
 #include "fs_sampler.h"
 #include "fs_sink.h"
 #include "fo_dump.h"
@@ -292,9 +293,33 @@ static int agree(const fs_group *w, int rc, fs_err *e)
     return all;
 }
 
-static int load_config(const char *name, fs_config *c, fs_err *e)
+/* --config NAME|FILE|DIR (fs_pipeline_load_config); without it, the config.json beside --weights
+ * (its transformer or pipeline folder, fs_pipeline.h): the checkpoint says what model it is.
+ * Else the default preset. */
+static int load_config(const char *name, const char *weights, fs_config *c, fs_err *e)
 {
-    return (strchr(name, '/') || strstr(name, ".json")) ? fs_config_from_file(c, name, e) : fs_config_preset(c, name, e);
+    if (name) return fs_pipeline_load_config(c, name, e);
+    fs_pipeline p;
+    int rc = weights ? fs_pipeline_resolve(&p, weights, e) : FS_OK;
+    if (!rc) rc = weights && p.config ? fs_pipeline_config_file(c, p.config, e) : fs_config_preset(c, "default", e);
+    if (weights) fs_pipeline_free(&p); /* resolve leaves p initialised either way */
+    return rc;
+}
+
+/* --scheduler when given; else the pipeline's scheduler/scheduler_config.json when --weights is
+ * in a pipeline folder; else FLUX.1-dev's (guidance embedder) or -schnell's. */
+static int load_sched(const opts *o, const fs_config *c, fs_sched_config *s, fs_err *e)
+{
+    if (!o->scheduler && o->weights) {
+        fs_pipeline p;
+        int rc = fs_pipeline_resolve(&p, o->weights, e);
+        if (rc) return rc;
+        if (p.scheduler) rc = fs_pipeline_sched_file(s, p.scheduler, e);
+        const int done = p.scheduler != NULL;
+        fs_pipeline_free(&p);
+        if (rc || done) return rc;
+    }
+    return fs_sched_preset(s, o->scheduler ? o->scheduler : (c->guidance_embeds ? "dev" : "schnell"), e);
 }
 
 static volatile sig_atomic_t sig_rank, sig_quiet; /* the signal handlers' state (below main's helpers) */
@@ -384,14 +409,25 @@ static int run(const opts *o, fs_err *e)
      *    setup: one source of truth, received into buffers every rank allocated itself) */
     if (root) {
         if (o->inputs) {
+            /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
+            char what[600] = "";
+            fs_config want = cfg;
             if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && o->config) {
-                fs_config want;
-                if (!(rc = load_config(o->config, &want, e)) && memcmp(&want, &cfg, sizeof cfg))
-                    rc = fs_errf(e, FS_E_INPUT, "--config %s differs from the config stored in %s", o->config, o->inputs);
+                snprintf(what, sizeof what, "--config %s", o->config);
+                rc = load_config(o->config, NULL, &want, e);
+            } else if (!rc && o->weights) {
+                fs_pipeline p;
+                if (!(rc = fs_pipeline_resolve(&p, o->weights, e)) && p.config) {
+                    snprintf(what, sizeof what, "%s (beside --weights)", p.config);
+                    rc = fs_pipeline_config_file(&want, p.config, e);
+                }
+                fs_pipeline_free(&p); /* resolve leaves p initialised either way */
             }
-        } else if (!(rc = load_config(o->config ? o->config : "default", &cfg, e))) {
+            if (!rc && *what && memcmp(&want, &cfg, sizeof cfg))
+                rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
+        } else if (!(rc = load_config(o->config, o->weights, &cfg, e))) {
             fs_gen_params g = o->gen;
-            rc = fs_sched_preset(&g.sched, o->scheduler ? o->scheduler : (cfg.guidance_embeds ? "dev" : "schnell"), e);
+            rc = load_sched(o, &cfg, &g.sched, e);
             if (!rc) rc = fs_inputs_generate(&in, &cfg, pdt, &g, e);
         }
         if (!rc && pdt != dt) rc = fs_inputs_convert(&in, dt, e);
