@@ -38,12 +38,13 @@ typedef struct shape { int64_t M, N, K, count; } shape;
 
 int main(int argc, char **argv)
 {
-    int reps = 5;
+    int reps = 5, bf16 = 0;
     int img_h = 32, img_w = 32, txt = 512;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--small")) { img_h = 8; img_w = 8; txt = 64; }
-        else { fprintf(stderr, "usage: bench_forward [--reps N] [--small]\n"); return 2; }
+        else if (!strcmp(argv[i], "--bf16")) bf16 = 1;
+        else { fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16]\n"); return 2; }
     }
     fs_config c;
     fs_err e = {0};
@@ -121,6 +122,32 @@ int main(int argc, char **argv)
     printf("  forward / sgemm              %10.1f %%   (target >= 70 %%)\n", 100.0 * mg / mf);
     printf("  peak RSS                     %10.1f MiB  (weights %.1f MiB fp32, generated in %.1f s)\n",
            ru.ru_maxrss / 1024.0, wbytes / 1048576.0, t_w);
+    if (bf16) {
+        /* the same forward in bf16 emulation (--precision bf16), same shapes, same run */
+        fs_weights wb;
+        fs_inputs ib;
+        gp.seed = 0;
+        if (fs_weights_synthetic(&wb, &c, FS_BF16, 0, &e) || fs_inputs_generate(&ib, &c, FS_BF16, &gp, &e)) {
+            fprintf(stderr, "%s\n", e.msg);
+            return 2;
+        }
+        fs_model mb = {.cfg = c, .dtype = FS_BF16, .w = &wb, .be = fs_backend_cpu()};
+        double *t_b = malloc(sizeof(double) * (size_t)reps);
+        for (int r = 0; r < reps; r++) {
+            fs_tensor out;
+            double s0 = now();
+            if (fs_model_forward(&mb, &ib.hidden_states, &ib.encoder_hidden_states, &ib.pooled_projections, &ts, &g,
+                                 &ib.img_ids, &ib.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+            t_b[r] = now() - s0;
+            fs_tensor_free(&out);
+        }
+        double mb_t = median(t_b, reps);
+        printf("  flux-sim forward, bf16       %10.3f s  %8.1f GFLOP/s  (%.2fx the fp32 forward's time)\n", mb_t,
+               model_flops / mb_t * 1e-9, mb_t / mf);
+        free(t_b);
+        fs_inputs_free(&ib);
+        fs_weights_free(&wb);
+    }
     free(A); free(B); free(C); free(t_gemm); free(t_fwd);
     fs_inputs_free(&in);
     fs_weights_free(&w);

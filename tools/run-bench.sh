@@ -3,7 +3,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 echo "== bench_forward (OpenBLAS threads: ${OPENBLAS_NUM_THREADS:-default}) =="
-build/bench_forward "$@"
+build/bench_forward --bf16 "$@"
 echo
 echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
 tools/bench_backends.sh 3
