@@ -22,19 +22,28 @@ promoted to float64. `bfloat16` is FluxPipeline with a bf16 transformer on a GPU
 operands, float32 accumulation and bias, one rounding; LayerNorm, SiLU, GELU-tanh, SDPA and
 RMSNorm in float32, one rounding; every other elementwise torch op rounds to bf16; sinusoid and
 RoPE in float32; FlowMatchEulerDiscreteScheduler.step as torch does it. The class `Numerics`
-holds every such choice in one place.
+holds every such choice in one place. All three modes reproduce the reference dumps of
+../shared/reference bit for bit on torch 1.13 CPU (tests/torch_flux.sh): that needs OpenBLAS's
+Haswell sgemm kernel and torch's AVX2 kernels (set below before torch loads) and, in bf16, the
+float32 accumulation order of torch 1.13's bf16 gemm (Numerics.linear).
 
-Switches (each one isolated: a strategy object attached to the module(s) it concerns):
+Switches (each one isolated: a strategy object attached to the module(s) it concerns, see
+"Bug switches" below; the dump is always rank 0's view, in full shapes):
   --double-weight MODULE:ROW:COL     one weight element of one Linear doubled
   --tp-emulate T                     correct Megatron TP of every row-parallel Linear of
                                      diffusers' _tp_plan, emulated in one process
-  --rowwise-bias-every-rank GLOB:T   row-parallel bias added to every rank's partial
+  --rowwise-bias-every-rank M:T      row-parallel bias added to every rank's partial (M: a Linear's
+                                     name, a glob, or `rowwise` for every row-parallel Linear)
   --proj-out-contiguous T            single-block proj_out cut in contiguous columns (seed 000 TP-1)
   --timestep-zero-ranks T            T ranks in lockstep threads, ranks != 0 embed timestep 0
                                      (seed 000 TP-2)
   --tp-lockstep                      run --tp-emulate as T lockstep threads (checks that machinery)
   --ring-emulate R                   ring attention over R K/V chunks, LSE merge in float32
   --ring-no-lse R                    ring partials averaged instead of LSE-merged
+The T/R ranks are emulated: a row-parallel Linear is computed as T partial products of column
+slices (each rounded as one GEMM output), all-reduced in rank order, each addition rounded; ring
+attention as R chunked attentions merged as diffusers merges them. Colwise Linears need no
+emulation: a rank's output columns are exactly a single device's.
 Exit status: 0 success, 2 error (one line on stderr).
 """
 import argparse
@@ -58,6 +67,52 @@ def die(msg):
     sys.exit(2)
 
 
+DTYPE_NAMES = ["bfloat16", "float32", "float64"]
+
+
+def make_parser():
+    class P(argparse.ArgumentParser):
+        def error(self, message):
+            die(f"{message} (see --help)")
+
+    p = P(prog=PROG, description="Independent PyTorch FLUX.1 transformer + Euler loop (float32, float64, or "
+          "bfloat16 with GPU numerics) writing a flux-dump v1; optional switches re-create parallel bugs.",
+          formatter_class=argparse.RawDescriptionHelpFormatter,
+          epilog="Switches that take T/R emulate T tensor-parallel (R ring) ranks inside this one process.\n"
+                 "Exit status: 0 success, 2 error (one line on stderr).")
+    p.add_argument("--weights", required=True, metavar="W.safetensors", help="diffusers-named weights (F32/BF16/F16/F64)")
+    p.add_argument("--inputs", required=True, metavar="DUMP.h5", help="flux-dump whose config, /inputs, sigmas and timesteps are used")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES, help="numerics of the run [bfloat16]")
+    p.add_argument("--out", required=True, metavar="RUN.h5", help="flux-dump to write (every module, every step)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="run only the first N steps (/inputs keep the whole schedule, /final the latents after "
+                        "step N-1) [all of /inputs/timesteps]")
+    p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads [torch's default]")
+    p.add_argument("--compress", action="store_true", help="shuffle+deflate datasets of >= 256 elements")
+    p.add_argument("--linear-order", choices=["native", "sgemm"], default="native",
+                   help="bf16 Linear's float32 accumulation order: torch 1.13's bf16 gemm (the reference's) "
+                        "or OpenBLAS sgemm of the upcast operands [native]")
+    g = p.add_argument_group("bug switches (each re-creates one real bug)")
+    g.add_argument("--double-weight", metavar="MODULE:ROW:COL", help="double weight[ROW, COL] of the Linear MODULE")
+    g.add_argument("--rowwise-bias-every-rank", metavar="MODULE:T",
+                   help="MODULE (a Linear's name, a glob, or `rowwise` = every row-parallel Linear of the TP plan) "
+                        "row-parallel over T ranks whose partials each add the bias")
+    g.add_argument("--proj-out-contiguous", type=int, metavar="T",
+                   help="every single-block proj_out row-parallel over T ranks with contiguous weight columns (seed 000 TP-1)")
+    g.add_argument("--timestep-zero-ranks", type=int, metavar="T",
+                   help="T TP ranks in lockstep; ranks != 0 embed timestep 0 (seed 000 TP-2)")
+    g.add_argument("--ring-no-lse", type=int, metavar="R", help="ring attention over R chunks, partials averaged")
+    g = p.add_argument_group("correct parallel emulations")
+    g.add_argument("--tp-emulate", type=int, metavar="T", help="every row-parallel Linear of the TP plan over T ranks")
+    g.add_argument("--tp-lockstep", action="store_true",
+                   help="with --tp-emulate: run the T ranks as lockstep threads (the --timestep-zero-ranks machinery)")
+    g.add_argument("--ring-emulate", type=int, metavar="R", help="ring attention over R chunks, LSE merge in float32")
+    return p
+
+
+# --help and usage errors answer before torch loads (importing it takes seconds)
+_ARGS = make_parser().parse_args() if __name__ == "__main__" else None
+
 # OpenBLAS picks its sgemm kernel by CPU. The reference dumps were made with the Haswell (AVX2)
 # kernel (also what Zen selects); on an AVX-512 machine OpenBLAS would pick SkylakeX, whose
 # float32 accumulation order differs by an ulp here and there. Fixed before torch loads OpenBLAS;
@@ -76,6 +131,24 @@ except ImportError as e:  # pragma: no cover
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dump import FluxDumper  # noqa: E402
+
+
+def openblas_cores():
+    """The kernel set (openblas_get_corename) of every OpenBLAS loaded in this process."""
+    import ctypes
+    cores = set()
+    try:
+        libs = {ln.split()[-1] for ln in open("/proc/self/maps") if "openblas" in ln and ".so" in ln}
+    except OSError:
+        return cores
+    for lib in libs:
+        try:
+            f = ctypes.CDLL(lib).openblas_get_corename
+            f.restype = ctypes.c_char_p
+            cores.add(f().decode().strip())
+        except (OSError, AttributeError):
+            pass
+    return cores
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 DTYPES = {"float32": F32, "float64": F64, "bfloat16": BF16}
@@ -130,8 +203,10 @@ def read_safetensors(path):
 class Numerics:
     """`act` is the activation/weight dtype. `hi` is what diffusers' `.float()` gives: float32, or
     float64 in the fp64 run (the reference promotes diffusers' float32 islands). In bf16 the
-    "GPU kernels" (Linear, LayerNorm, SiLU, GELU, SDPA, RMSNorm) compute in float32 and round once;
-    torch 1.13's CPU bf16 kernels are never used for them (they round intermediates)."""
+    "GPU kernels" (Linear, LayerNorm, SiLU, GELU, SDPA, RMSNorm) compute in float32 and round once:
+    LayerNorm, SiLU, GELU, SDPA and RMSNorm run in float32 on upcast inputs (torch 1.13's CPU bf16
+    kernels for them round intermediates); Linear uses torch's bf16 gemm with oneDNN off, which
+    accumulates in float32 and rounds once (see linear())."""
 
     def __init__(self, name):
         self.name = name
@@ -154,8 +229,8 @@ class Numerics:
     def linear(self, x, w, b):
         """nn.Linear. bf16 (cuBLAS-like): bf16 operands, float32 accumulation, bias added in
         float32, one rounding. The float32 accumulation order is that of torch 1.13's CPU bf16
-        addmm with oneDNN off (at::native::cpublas::gemm: four interleaved float32 partial sums
-        over K, then beta*bias + dot, rounded once), which is the order of the reference's
+        addmm with oneDNN off (its fallback gemm; probes show a sequential float32 sum over K, the
+        bias added in float32, one rounding), which is the order of the reference's
         dump_bf16.h5. `linear_order = "sgemm"` instead rounds OpenBLAS's float32 sgemm of the
         upcast operands (F.linear(x.float(), w.float(), b.float()).to(bf16)): the same arithmetic
         in another order, a bf16 ulp apart in ~0.1% of the outputs."""
@@ -734,6 +809,13 @@ def apply_switches(model, args, rank_group=None, rank=0):
     """Attach the strategies the switches ask for to `model`. Returns a description (JSON-able)."""
     mods = dict(model.named_modules())
     desc = {}
+    heads = model.cfg["num_attention_heads"]
+
+    def tp_degree(flag, T):          # TP shards whole heads (the attention of a rank is its heads)
+        if heads % T:
+            raise UsageError(f"{flag} {T}: TP degree must divide the {heads} attention heads")
+        return T
+
     if args.double_weight:
         name, row, col = parse_spec("--double-weight", args.double_weight, [("MODULE", str), ("ROW", int), ("COL", int)])
         lin = mods.get(name)
@@ -747,23 +829,27 @@ def apply_switches(model, args, rank_group=None, rank=0):
         desc["double_weight"] = [name, row, col]
     linears = [(n, m) for n, m in mods.items() if isinstance(m, Linear)]
     if rank_group is not None:           # --timestep-zero-ranks / --tp-lockstep: every rowwise Linear
+        tp_degree("--timestep-zero-ranks" if args.timestep_zero_ranks else "--tp-emulate", rank_group.T)
         for n, m in linears:
             if is_rowwise(n):
                 m.par = RowParallelRank(rank_group, rank).setup(m)
     elif args.tp_emulate:
+        tp_degree("--tp-emulate", args.tp_emulate)
         for n, m in linears:
             if is_rowwise(n):
                 m.par = RowParallel(args.tp_emulate).setup(m)
         desc["tp_emulate"] = args.tp_emulate
     if args.rowwise_bias_every_rank:
         glob, T = parse_spec("--rowwise-bias-every-rank", args.rowwise_bias_every_rank, [("MODULE", str), ("T", int)])
-        hit = [(n, m) for n, m in linears if fnmatch.fnmatchcase(n, glob)]
+        tp_degree("--rowwise-bias-every-rank", T)
+        hit = [(n, m) for n, m in linears if (is_rowwise(n) if glob == "rowwise" else fnmatch.fnmatchcase(n, glob))]
         if not hit:
             raise UsageError(f"--rowwise-bias-every-rank: no Linear matches {glob!r}")
         for n, m in hit:
             m.par = RowParallel(T, bias_every_rank=True).setup(m)
-        desc["rowwise_bias_every_rank"] = [n for n, _ in hit] + [T]
+        desc["rowwise_bias_every_rank"] = [glob, T, len(hit)]
     if args.proj_out_contiguous:
+        tp_degree("--proj-out-contiguous", args.proj_out_contiguous)
         for n, m in linears:
             if fnmatch.fnmatchcase(n, "single_transformer_blocks.*.proj_out"):
                 m.par = RowParallel(args.proj_out_contiguous, contiguous=True).setup(m)
@@ -880,8 +966,8 @@ class Run:
         if dumper is not None:
             dumper.write_inputs(hidden_states=latents, encoder_hidden_states=t["encoder_hidden_states"],
                                 pooled_projections=t["pooled_projections"], img_ids=t["img_ids"],
-                                txt_ids=t["txt_ids"], guidance=t["guidance"], sigmas=t["sigmas"][:self.n + 1],
-                                timesteps=torch.stack(self.ts[:self.n]))
+                                txt_ids=t["txt_ids"], guidance=t["guidance"], sigmas=t["sigmas"],
+                                timesteps=torch.stack(self.ts))
         sig = t["sigmas"]
         for i in range(self.n):
             timestep = self.ts[i].expand(B)
@@ -939,45 +1025,8 @@ def run_lockstep(models, runs, dumper, group):
 
 
 # ------------------------------------------------------------------------------------------------
-def make_parser():
-    class P(argparse.ArgumentParser):
-        def error(self, message):
-            die(f"{message} (see --help)")
-
-    p = P(prog=PROG, description="Independent PyTorch FLUX.1 transformer + Euler loop (float32, float64, or "
-          "bfloat16 with GPU numerics) writing a flux-dump v1; optional switches re-create parallel bugs.",
-          formatter_class=argparse.RawDescriptionHelpFormatter,
-          epilog="Switches that take T/R emulate T tensor-parallel (R ring) ranks inside this one process.\n"
-                 "Exit status: 0 success, 2 error (one line on stderr).")
-    p.add_argument("--weights", required=True, metavar="W.safetensors", help="diffusers-named weights (F32/BF16/F16/F64)")
-    p.add_argument("--inputs", required=True, metavar="DUMP.h5", help="flux-dump whose config, /inputs, sigmas and timesteps are used")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="numerics of the run [bfloat16]")
-    p.add_argument("--out", required=True, metavar="RUN.h5", help="flux-dump to write (every module, every step)")
-    p.add_argument("--steps", type=int, metavar="N", help="run the first N steps [all of /inputs/timesteps]")
-    p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads [torch's default]")
-    p.add_argument("--compress", action="store_true", help="shuffle+deflate datasets of >= 256 elements")
-    p.add_argument("--linear-order", choices=["native", "sgemm"], default="native",
-                   help="bf16 Linear's float32 accumulation order: torch 1.13's bf16 gemm (the reference's) "
-                        "or OpenBLAS sgemm of the upcast operands [native]")
-    g = p.add_argument_group("bug switches (each re-creates one real bug)")
-    g.add_argument("--double-weight", metavar="MODULE:ROW:COL", help="double weight[ROW, COL] of the Linear MODULE")
-    g.add_argument("--rowwise-bias-every-rank", metavar="MODULE:T",
-                   help="MODULE (a name or glob) as a row-parallel Linear over T ranks whose partials each add the bias")
-    g.add_argument("--proj-out-contiguous", type=int, metavar="T",
-                   help="every single-block proj_out row-parallel over T ranks with contiguous weight columns (seed 000 TP-1)")
-    g.add_argument("--timestep-zero-ranks", type=int, metavar="T",
-                   help="T TP ranks in lockstep; ranks != 0 embed timestep 0 (seed 000 TP-2)")
-    g.add_argument("--ring-no-lse", type=int, metavar="R", help="ring attention over R chunks, partials averaged")
-    g = p.add_argument_group("correct parallel emulations")
-    g.add_argument("--tp-emulate", type=int, metavar="T", help="every row-parallel Linear of the TP plan over T ranks")
-    g.add_argument("--tp-lockstep", action="store_true",
-                   help="with --tp-emulate: run the T ranks as lockstep threads (the --timestep-zero-ranks machinery)")
-    g.add_argument("--ring-emulate", type=int, metavar="R", help="ring attention over R chunks, LSE merge in float32")
-    return p
-
-
-def main(argv=None):
-    args = make_parser().parse_args(argv)
+def main(argv=None, args=None):
+    args = args if args is not None else make_parser().parse_args(argv)
     try:
         return run(args)
     except UsageError as e:
@@ -996,6 +1045,11 @@ def run(args):
     lockstep = args.timestep_zero_ranks or (args.tp_emulate if args.tp_lockstep else None)
     if args.timestep_zero_ranks and (args.tp_emulate or args.rowwise_bias_every_rank or args.proj_out_contiguous):
         raise UsageError("--timestep-zero-ranks runs its own TP emulation: no other TP switch with it")
+    degrees = {args.tp_emulate, args.proj_out_contiguous, args.timestep_zero_ranks} - {None}
+    if args.rowwise_bias_every_rank:
+        degrees.add(parse_spec("--rowwise-bias-every-rank", args.rowwise_bias_every_rank, [("MODULE", str), ("T", int)])[1])
+    if len(degrees) > 1:
+        raise UsageError(f"the TP switches name different degrees {sorted(degrees)}: one TP group per run")
     if args.threads:
         torch.set_num_threads(args.threads)
     if not os.path.isfile(args.weights):
@@ -1026,8 +1080,14 @@ def run(args):
     elif lockstep:
         desc["tp_emulate"], desc["tp_lockstep"] = args.tp_emulate, True
 
-    producer = (f"tools/torch_flux.py (independent PyTorch FluxTransformer2DModel, torch {torch.__version__} CPU) "
-                f"+ tools/torch_dump.py forward hooks; {args.dtype}")
+    cores = openblas_cores()
+    want = os.environ.get("OPENBLAS_CORETYPE", "")
+    if cores and want and {c.lower() for c in cores} != {want.lower()}:
+        print(f"{PROG}: warning: OpenBLAS runs its {'/'.join(sorted(cores))} kernels, not {want} (it was loaded before "
+              f"this module set OPENBLAS_CORETYPE): float32/float64 Linears may differ from the reference in the "
+              f"last bits; set OPENBLAS_CORETYPE in the environment", file=sys.stderr)
+    producer = (f"tools/torch_flux.py (independent PyTorch FluxTransformer2DModel, torch {torch.__version__} CPU, "
+                f"OpenBLAS {'/'.join(sorted(cores)) or '?'} kernels) + tools/torch_dump.py forward hooks; {args.dtype}")
     if args.dtype == "bfloat16":
         producer += (": bf16 weights and inputs, Linear bf16 operands with float32 accumulation and one rounding, "
                      "layer_norm/silu/gelu/SDPA/RMSNorm in float32 rounded once, sinusoid and RoPE float32, "
@@ -1040,16 +1100,20 @@ def run(args):
         dumper = FluxDumper(args.out, models[0], config=cfg, dtype=args.dtype, producer=producer,
                             compress=args.compress, extra_attrs=extra)
     except OSError as e:
-        raise UsageError(f"{args.out}: cannot create: {e}")
-    with dumper:
-        runs = [Run(m, N, inp, ts, n, zero_timestep=bool(args.timestep_zero_ranks) and r > 0)
-                for r, m in enumerate(models)]
-        if lockstep:
-            run_lockstep(models, runs, dumper, group)
-        else:
-            runs[0](dumper)
+        raise UsageError(f"{args.out}: cannot create: {os.strerror(e.errno) if e.errno else e}")
+    try:
+        with dumper:
+            runs = [Run(m, N, inp, ts, n, zero_timestep=bool(args.timestep_zero_ranks) and r > 0)
+                    for r, m in enumerate(models)]
+            if lockstep:
+                run_lockstep(models, runs, dumper, group)
+            else:
+                runs[0](dumper)
+    except BaseException:
+        os.unlink(args.out)          # no half-written dump
+        raise
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(args=_ARGS))
