@@ -46,7 +46,9 @@ trap 'rm -rf "$T"' EXIT
 
 # ---- every run in one Python process (importing torch takes seconds) ----
 # OPENBLAS_CORETYPE: OpenBLAS picks its kernels when first loaded (torch_flux.py sets Haswell, the
-# reference's, but only if it is imported before numpy); ATEN_CPU_CAPABILITY likewise
+# reference's, but only if it is imported before numpy); ATEN_CPU_CAPABILITY likewise. The
+# OPENBLAS_NUM_THREADS=1 of tools/run-tests.sh is overridden at run time by --blas-threads (2):
+# with one thread OpenBLAS rounds float32 GEMMs of these sizes differently from the reference
 OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools $PY - "$REF" "$T" >"$T/py.out" 2>&1 <<'PY'
 import torch_flux as tf
 import contextlib, io, sys, h5py, numpy as np

@@ -24,8 +24,9 @@ RMSNorm in float32, one rounding; every other elementwise torch op rounds to bf1
 RoPE in float32; FlowMatchEulerDiscreteScheduler.step as torch does it. The class `Numerics`
 holds every such choice in one place. All three modes reproduce the reference dumps of
 ../shared/reference bit for bit on torch 1.13 CPU (tests/torch_flux.sh): that needs OpenBLAS's
-Haswell sgemm kernel and torch's AVX2 kernels (set below before torch loads) and, in bf16, the
-float32 accumulation order of torch 1.13's bf16 gemm (Numerics.linear).
+Haswell sgemm kernel and torch's AVX2 kernels (set below before torch loads), OpenBLAS with more
+than one thread (--blas-threads) and, in bf16, the float32 accumulation order of torch 1.13's
+bf16 gemm (Numerics.linear).
 
 Switches (each one isolated: a strategy object attached to the module(s) it concerns, see
 "Bug switches" below; the dump is always rank 0's view, in full shapes):
@@ -88,6 +89,9 @@ def make_parser():
                    help="run only the first N steps (/inputs keep the whole schedule, /final the latents after "
                         "step N-1) [all of /inputs/timesteps]")
     p.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads [torch's default]")
+    p.add_argument("--blas-threads", type=int, default=2, metavar="N",
+                   help="OpenBLAS threads: with 1, OpenBLAS rounds some float32/float64 GEMMs differently from "
+                        "the reference's multi-threaded run [2]")
     p.add_argument("--compress", action="store_true", help="shuffle+deflate datasets of >= 256 elements")
     p.add_argument("--linear-order", choices=["native", "sgemm"], default="native",
                    help="bf16 Linear's float32 accumulation order: torch 1.13's bf16 gemm (the reference's) "
@@ -133,22 +137,44 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dump import FluxDumper  # noqa: E402
 
 
+def _openblas_libs():
+    import ctypes
+    try:
+        paths = {ln.split()[-1] for ln in open("/proc/self/maps") if "openblas" in ln and ".so" in ln}
+    except OSError:
+        return []
+    libs = []
+    for p in sorted(paths):
+        try:
+            libs.append(ctypes.CDLL(p))
+        except OSError:
+            pass
+    return libs
+
+
 def openblas_cores():
     """The kernel set (openblas_get_corename) of every OpenBLAS loaded in this process."""
     import ctypes
     cores = set()
-    try:
-        libs = {ln.split()[-1] for ln in open("/proc/self/maps") if "openblas" in ln and ".so" in ln}
-    except OSError:
-        return cores
-    for lib in libs:
+    for lib in _openblas_libs():
         try:
-            f = ctypes.CDLL(lib).openblas_get_corename
+            f = lib.openblas_get_corename
             f.restype = ctypes.c_char_p
             cores.add(f().decode().strip())
-        except (OSError, AttributeError):
+        except AttributeError:
             pass
     return cores
+
+
+def openblas_set_threads(n):
+    """OpenBLAS rounds some float32/float64 GEMMs differently with one thread than with several
+    (measured on 0.3.21: e.g. 64x128x128 differs, 64x128x16 not); the reference dumps were made
+    with several, so this sets the thread count at run time, whatever OPENBLAS_NUM_THREADS says."""
+    for lib in _openblas_libs():
+        try:
+            lib.openblas_set_num_threads(int(n))
+        except AttributeError:
+            pass
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 DTYPES = {"float32": F32, "float64": F64, "bfloat16": BF16}
@@ -1034,7 +1060,7 @@ def main(argv=None, args=None):
 
 
 def run(args):
-    for flag in ("steps", "threads", "proj_out_contiguous", "timestep_zero_ranks", "tp_emulate", "ring_emulate", "ring_no_lse"):
+    for flag in ("steps", "threads", "blas_threads", "proj_out_contiguous", "timestep_zero_ranks", "tp_emulate", "ring_emulate", "ring_no_lse"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
@@ -1052,6 +1078,7 @@ def run(args):
         raise UsageError(f"the TP switches name different degrees {sorted(degrees)}: one TP group per run")
     if args.threads:
         torch.set_num_threads(args.threads)
+    openblas_set_threads(args.blas_threads)
     if not os.path.isfile(args.weights):
         raise UsageError(f"{args.weights}: no such file")
     if not os.path.isfile(args.inputs):
