@@ -48,6 +48,7 @@ emulation: a rank's output columns are exactly a single device's.
 Exit status: 0 success, 2 error (one line on stderr).
 """
 import argparse
+import contextlib
 import fnmatch
 import json
 import math
@@ -1000,7 +1001,7 @@ class Run:
             if self.zero:
                 timestep = torch.zeros_like(timestep)
             ctx = dumper.step(i, timestep=float(self.ts[i]), sigma=float(sig[i]), sigma_next=float(sig[i + 1])) \
-                if dumper is not None else _null()
+                if dumper is not None else contextlib.nullcontext()
             with ctx, torch.no_grad():
                 if dumper is not None:
                     dumper.record("latents_in", latents)
@@ -1015,15 +1016,7 @@ class Run:
         return latents
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
-def run_lockstep(models, runs, dumper, group):
+def run_lockstep(runs, dumper, group):
     """Rank 0 in this thread (with the dumper), ranks 1.. in threads; a failing rank breaks the
     barrier so that no rank waits forever."""
     errors = [None] * len(runs)
@@ -1133,7 +1126,7 @@ def run(args):
             runs = [Run(m, N, inp, ts, n, zero_timestep=bool(args.timestep_zero_ranks) and r > 0)
                     for r, m in enumerate(models)]
             if lockstep:
-                run_lockstep(models, runs, dumper, group)
+                run_lockstep(runs, dumper, group)
             else:
                 runs[0](dumper)
     except BaseException:
