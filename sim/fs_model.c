@@ -38,8 +38,39 @@ typedef struct ctx {
     fs_dtype dt;
     int B, S_img, S_txt, S, D, H, Dh; /* S_* are this rank's LOCAL token counts */
     int tp, tp_rank;
+    fs_weights blk; /* streaming: the current block's parameters, in be's memory */
+    char blk_prefix[64];
     fs_err *e;
 } ctx;
+
+/* Parameter `name` as the backend computes with it: the streamed block's, or a resident one. */
+static const fs_tensor *weight(const ctx *c, const char *name)
+{
+    if (c->blk.n) {
+        int i = fs_param_find(c->blk.desc, c->blk.n, name);
+        if (i >= 0 && c->blk.t[i].ndim) return &c->blk.t[i];
+    }
+    return fs_weights_get(c->m->w, name);
+}
+
+/* Streaming (m->stream): make the block's parameters for this rank's shard and place them in
+ * the backend's memory; nothing otherwise. block_leave drops them. */
+static int block_enter(ctx *c, const char *prefix)
+{
+    if (!c->m->stream) return FS_OK;
+    snprintf(c->blk_prefix, sizeof c->blk_prefix, "%s", prefix);
+    int rc = fs_weights_acquire(c->m->stream, prefix, c->e);
+    if (!rc) rc = fs_weights_on_prefix(c->m->stream, c->be, prefix, &c->blk, c->e);
+    if (rc) fs_err_prefix(c->e, "weights of %s: ", prefix);
+    return rc;
+}
+
+static void block_leave(ctx *c)
+{
+    if (!c->m->stream) return;
+    fs_weights_free(&c->blk);
+    fs_weights_release(c->m->stream, c->blk_prefix);
+}
 
 /* Token sharding of a recorded tensor: which stream its token axis belongs to. */
 enum { ST_REP = 0, ST_IMG, ST_TXT, ST_JOINT };
@@ -192,8 +223,8 @@ static int copy2d(ctx *c, void *dst, int64_t ld_dst, const void *src, int64_t ld
 static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y, fs_tp_split *used)
 {
     char wn[192], bn[192];
-    const fs_tensor *W = fs_weights_get(c->m->w, fmt_name(wn, sizeof wn, "%s.weight", name));
-    const fs_tensor *b = fs_weights_get(c->m->w, fmt_name(bn, sizeof bn, "%s.bias", name));
+    const fs_tensor *W = weight(c, fmt_name(wn, sizeof wn, "%s.weight", name));
+    const fs_tensor *b = weight(c, fmt_name(bn, sizeof bn, "%s.bias", name));
     if (!W || !b) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", W ? bn : wn);
     const fs_plan *plan = c->par ? c->par->plan : NULL;
     const fs_inject *inj = c->par ? c->par->inject : NULL;
@@ -532,7 +563,7 @@ out:
 static int qk_norm(ctx *c, const fs_tensor *x, const fs_tp_split *proj, const char *name, int stream, fs_tensor *y)
 {
     char wn[192];
-    const fs_tensor *w = fs_weights_get(c->m->w, fmt_name(wn, sizeof wn, "%s.weight", name));
+    const fs_tensor *w = weight(c, fmt_name(wn, sizeof wn, "%s.weight", name));
     if (!w) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", wn);
     int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
     int rc = new_tensor(c, y, 4, shape);
@@ -603,6 +634,7 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
 #define N(suffix) fmt_name(nm, sizeof nm, "%s." suffix, p)
 
+    TRY(block_enter(c, N("")));
     TRY(ada_layer_norm_zero(c, N("norm1"), x, ST_IMG, temb, 6, &t[XM], mod));
     TRY(ada_layer_norm_zero(c, N("norm1_context"), cx, ST_TXT, temb, 6, &t[CM], cmod));
 
@@ -654,6 +686,7 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     TRY(REC(x, ST_IMG, REPL, "%s#1", p));
 #undef N
 out:
+    block_leave(c);
     free_all(t, NT);
     free_all(mod, 6);
     free_all(cmod, 6);
@@ -674,6 +707,7 @@ static int single_block(ctx *c, int i, fs_tensor *h, const fs_tensor *temb, cons
     snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
 #define N(suffix) fmt_name(nm, sizeof nm, "%s." suffix, p)
 
+    TRY(block_enter(c, N("")));
     TRY(ada_layer_norm_zero(c, N("norm"), h, ST_JOINT, temb, 3, &t[HM], mod));
     TRY(linear(c, &t[HM], N("proj_mlp"), ST_JOINT, &t[MLP], &smlp));
     TRY(activation(c, c->be->gelu_tanh, &t[MLP], &t[ACT], ST_JOINT, feat(&smlp), "%s.act_mlp", p));
@@ -704,6 +738,7 @@ static int single_block(ctx *c, int i, fs_tensor *h, const fs_tensor *temb, cons
     }
 #undef N
 out:
+    block_leave(c);
     free_all(t, NT);
     free_all(mod, 3);
     return rc;

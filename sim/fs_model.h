@@ -15,7 +15,11 @@
 typedef struct fs_model {
     fs_config cfg;
     fs_dtype dtype;
-    const fs_weights *w; /* in be's memory: fs_weights_on (TP runs: this rank's shard) */
+    const fs_weights *w; /* in be's memory: fs_weights_on (TP runs: this rank's shard); when
+                            streaming, only the top-level parameters */
+    fs_weights *stream;  /* non-NULL: the host weights, streamed — fs_model_forward makes each
+                            block's parameters before the block (fs_weights_acquire), places them in
+                            be's memory, and drops them after it (fs_weights_release) */
     fs_backend *be;      /* where every activation lives and every op runs */
     fs_recorder rec;  /* fn == NULL: record nothing */
     int step;          /* denoising step of this call (set by fs_sample; for --inject nan-rank) */

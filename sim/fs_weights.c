@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "fs_backend.h"
 #include "fs_plan.h"
@@ -117,33 +116,176 @@ static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_tp_spl
         }
 }
 
-int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, const fs_plan *plan, int T,
-                               int t, const fs_inject *inj, fs_err *e)
+/* ---------------------------------------------------------------- the store */
+
+/* Parameters of the blocks are made on demand when streaming; the rest always. */
+static int is_block_param(const char *name)
 {
-    int rc = fs_weights_init_empty(w, c, dt, e);
+    return !strncmp(name, "transformer_blocks.", 19) || !strncmp(name, "single_transformer_blocks.", 26);
+}
+
+/* Makes parameter i: this rank's piece, from the checkpoint or the generator, in make_dtype, then
+ * converted to the run dtype if they differ. */
+static int make_param(fs_weights *w, int i, fs_err *e)
+{
+    const fs_param_desc *d = &w->desc[i];
+    fs_tp_split sh;
+    fs_tensor *t = &w->t[i], made = {0};
+    int rc = fs_weights_shard_of(d, w->plan, &w->cfg, w->tp, w->tp_rank, w->inj, &sh, e);
     if (rc) return rc;
-    if (T > 1) {
-        w->tp = T;
-        w->tp_rank = t;
-        snprintf(w->source, sizeof w->source, "synthetic seed %llu, tp shard %d/%d", (unsigned long long)seed, t, T);
+    if (w->load) {
+        rc = fs_wload_make(w->load, i, d, &sh, w->make_dtype, &made, e);
     } else {
-        snprintf(w->source, sizeof w->source, "synthetic seed %llu", (unsigned long long)seed);
+        int64_t shape[2] = {sh.r1 - sh.r0, fs_tp_split_cols(&sh)};
+        if (!(rc = fs_tensor_alloc(&made, w->make_dtype, d->ndim, shape, e))) fill_synthetic(&made, d, &sh, w->seed);
+        else fs_err_prefix(e, "synthetic weight %s: ", d->name);
     }
+    if (rc) return rc;
+    if (made.dtype != w->dtype) { /* --match bf16: bf16 values, exactly, in the run dtype */
+        rc = fs_tensor_alloc(t, w->dtype, made.ndim, made.shape, e);
+        if (!rc) rc = fs_tensor_copy(t, &made, e);
+        fs_tensor_free(&made);
+        if (rc) fs_tensor_free(t);
+        return rc;
+    }
+    *t = made;
+    return FS_OK;
+}
+
+/* Makes every parameter that should be resident now (all of them, or the non-block ones when
+ * streaming) and is not yet. */
+static void note_peak(fs_weights *w);
+static int make_resident(fs_weights *w, fs_err *e)
+{
+    for (int i = 0; i < w->n; i++) {
+        if (w->t[i].ndim || (w->streaming && is_block_param(w->desc[i].name))) continue;
+        int rc = make_param(w, i, e);
+        if (rc) return rc;
+    }
+    note_peak(w);
+    return FS_OK;
+}
+
+static void describe(fs_weights *w)
+{
+    size_t o = w->load ? (size_t)snprintf(w->source, sizeof w->source, "%s", fs_wload_path(w->load))
+                       : (size_t)snprintf(w->source, sizeof w->source, "synthetic seed %llu", (unsigned long long)w->seed);
+    if (w->tp > 1 && o < sizeof w->source)
+        o += (size_t)snprintf(w->source + o, sizeof w->source - o, ", tp shard %d/%d", w->tp_rank, w->tp);
+    if (w->streaming && o < sizeof w->source) snprintf(w->source + o, sizeof w->source - o, ", streamed by block");
+}
+
+int fs_weights_open(fs_weights *w, const fs_config *c, const fs_weights_opts *o, fs_err *e)
+{
+    int rc = fs_weights_init_empty(w, c, o->dtype, e);
+    if (rc) return rc;
+    w->seed = o->seed;
+    w->plan = o->plan;
+    w->inj = o->inj;
+    w->tp = o->tp > 1 ? o->tp : 1;
+    w->tp_rank = o->tp > 1 ? o->tp_rank : 0;
+    w->make_dtype = o->make_dtype ? o->make_dtype : o->dtype;
+    w->streaming = o->stream;
+    if (o->path && (rc = fs_wload_open(&w->load, c, w->desc, w->n, o->path, e))) {
+        fs_weights_free(w);
+        return rc;
+    }
+    describe(w);
+    if ((rc = make_resident(w, e))) fs_weights_free(w);
+    return rc;
+}
+
+static void note_peak(fs_weights *w)
+{
+    int64_t held = fs_weights_resident_bytes(w);
+    if (held > w->peak_bytes) w->peak_bytes = held;
+}
+
+int fs_weights_acquire(fs_weights *w, const char *prefix, fs_err *e)
+{
+    const size_t n = strlen(prefix);
+    for (int i = 0; i < w->n; i++) {
+        if (w->t[i].ndim || strncmp(w->desc[i].name, prefix, n)) continue;
+        int rc = make_param(w, i, e);
+        if (rc) return rc;
+    }
+    note_peak(w);
+    return FS_OK;
+}
+
+void fs_weights_release(fs_weights *w, const char *prefix)
+{
+    if (!w->streaming) return;
+    const size_t n = strlen(prefix);
+    for (int i = 0; i < w->n; i++)
+        if (!strncmp(w->desc[i].name, prefix, n)) fs_tensor_free(&w->t[i]);
+}
+
+static void drop_all(fs_weights *w)
+{
+    for (int i = 0; i < w->n; i++) fs_tensor_free(&w->t[i]);
+}
+
+int fs_weights_resplit(fs_weights *w, const fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e)
+{
+    drop_all(w);
+    w->plan = plan;
+    w->inj = inj;
+    w->tp = T > 1 ? T : 1;
+    w->tp_rank = T > 1 ? t : 0;
+    describe(w);
+    return make_resident(w, e);
+}
+
+int fs_weights_set_dtype(fs_weights *w, fs_dtype dt, fs_err *e)
+{
+    drop_all(w);
+    w->dtype = dt;
+    return make_resident(w, e);
+}
+
+int fs_weights_set_streaming(fs_weights *w, int on, fs_err *e)
+{
+    w->streaming = on;
+    describe(w);
+    if (!on) return make_resident(w, e);
+    for (int i = 0; i < w->n; i++)
+        if (is_block_param(w->desc[i].name)) fs_tensor_free(&w->t[i]);
+    return FS_OK;
+}
+
+int64_t fs_weights_block_bytes(const fs_weights *w, int T, int t, fs_err *e)
+{
+    int64_t n = 0;
     for (int i = 0; i < w->n; i++) {
         const fs_param_desc *d = &w->desc[i];
         fs_tp_split sh;
-        int64_t shape[2];
-        if ((rc = fs_weights_shard_of(d, plan, c, T, t, inj, &sh, e))) break;
-        shape[0] = sh.r1 - sh.r0;
-        shape[1] = fs_tp_split_cols(&sh);
-        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) {
-            fs_err_prefix(e, "synthetic weight %s: ", d->name);
-            break;
-        }
-        fill_synthetic(&w->t[i], d, &sh, seed);
+        if (!is_block_param(d->name)) continue;
+        if (fs_weights_shard_of(d, w->plan, &w->cfg, T, t, w->inj, &sh, e)) return -1;
+        n += (sh.r1 - sh.r0) * fs_tp_split_cols(&sh) * (int64_t)fs_dtype_size(w->dtype);
     }
-    if (rc) fs_weights_free(w);
-    return rc;
+    return n;
+}
+
+int64_t fs_weights_resident_bytes(const fs_weights *w)
+{
+    int64_t n = 0;
+    for (int i = 0; i < w->n; i++)
+        if (w->t[i].owns) n += (int64_t)fs_tensor_nbytes(&w->t[i]);
+    return n;
+}
+
+int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, const fs_plan *plan, int T,
+                               int t, const fs_inject *inj, fs_err *e)
+{
+    fs_weights_opts o = {.seed = seed, .dtype = dt, .plan = plan, .tp = T, .tp_rank = t, .inj = inj};
+    return fs_weights_open(w, c, &o, e);
+}
+
+int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e)
+{
+    fs_weights_opts o = {.path = path, .dtype = dt};
+    return fs_weights_open(w, c, &o, e);
 }
 
 /* --inject fused-qkv-contiguous (NeMo Automodel#1324): q, k, v seen as one fused [3N, K] weight
@@ -253,6 +395,8 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_
             w->t[i] = cut[i];
         }
     free(cut);
+    w->plan = plan;
+    w->inj = inj;
     w->tp = T;
     w->tp_rank = t;
     size_t n = strlen(w->source);
@@ -260,23 +404,14 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_
     return FS_OK;
 }
 
-int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e)
-{
-    for (int i = 0; i < w->n; i++) {
-        fs_tensor *t = &w->t[i], c;
-        if (t->dtype == dt) continue;
-        int rc = fs_tensor_alloc(&c, dt, t->ndim, t->shape, e);
-        if (!rc) rc = fs_tensor_copy(&c, t, e);
-        if (rc) return fs_err_prefix(e, "converting weight %s to %s: ", w->desc[i].name, fs_dtype_name(dt));
-        fs_tensor_free(t);
-        *t = c;
-    }
-    w->dtype = dt;
-    return FS_OK;
-}
-
 int fs_weights_on(const fs_weights *w, fs_backend *be, fs_weights *on, fs_err *e)
 {
+    return fs_weights_on_prefix(w, be, "", on, e);
+}
+
+int fs_weights_on_prefix(const fs_weights *w, fs_backend *be, const char *prefix, fs_weights *on, fs_err *e)
+{
+    const size_t np = strlen(prefix);
     memset(on, 0, sizeof *on);
     on->cfg = w->cfg;
     on->dtype = w->dtype;
@@ -293,6 +428,7 @@ int fs_weights_on(const fs_weights *w, fs_backend *be, fs_weights *on, fs_err *e
     memcpy(on->desc, w->desc, sizeof *on->desc * (size_t)w->n);
     for (int i = 0; i < w->n; i++) {
         const fs_tensor *src = &w->t[i];
+        if (!src->ndim || strncmp(w->desc[i].name, prefix, np)) continue; /* not made, or not asked for */
         if (!be || be->host_addressable) { /* zero copy: the backend computes on these bytes */
             on->t[i] = *src;
             on->t[i].owns = 0;
@@ -323,9 +459,8 @@ const fs_tensor *fs_weights_get(const fs_weights *w, const char *name)
 void fs_weights_free(fs_weights *w)
 {
     if (!w) return;
-    for (int i = 0; w->t && i < w->n; i++) fs_tensor_free(&w->t[i]);
-    for (int i = 0; i < w->nmaps; i++) munmap(w->maps[i].addr, w->maps[i].len);
-    free(w->maps);
+    for (int i = 0; w->t && i < w->n; i++) fs_tensor_free(&w->t[i]); /* views first, then their mapping */
+    fs_wload_free(w->load);
     free(w->t);
     free(w->desc);
     memset(w, 0, sizeof *w);

@@ -12,23 +12,67 @@
 #include "fs_plan.h"
 #include "fs_tensor.h"
 
-typedef struct fs_mapping {
-    void *addr;
-    size_t len;
-} fs_mapping;
+typedef struct fs_wload fs_wload; /* an open checkpoint as a source of parameters (fs_weights_load.c) */
 
 typedef struct fs_weights {
     fs_config cfg;
     fs_dtype dtype;
     int n;                /* == length of fs_config_params(&cfg) */
     fs_param_desc *desc;  /* [n], from fs_config_params */
-    fs_tensor *t;         /* [n], t[i] is desc[i]; views or owned */
-    fs_mapping *maps;     /* mmap'd files to munmap in fs_weights_free */
-    int nmaps;
+    fs_tensor *t;         /* [n], t[i] is desc[i]; views or owned; ndim 0 while not made (streaming) */
     char source[512];     /* "synthetic seed 0" or the path loaded */
     int tp, tp_rank;      /* tp == 1: full tensors; tp > 1: t[i] is rank tp_rank's shard of every
-                             Linear the TP plan splits (fs_weights_shard), the rest in full */
+                             Linear the TP plan splits (fs_weights_shard_of), the rest in full */
+    /* where parameters are made from, so they can be made again: a checkpoint kept open (mmap'd),
+     * or the synthetic generator; the split and the dtype they are made in */
+    fs_wload *load;       /* NULL: synthetic */
+    uint64_t seed;
+    const struct fs_plan *plan;
+    const fs_inject *inj;
+    fs_dtype make_dtype;  /* made in this dtype, then converted to dtype (--match bf16: bf16) */
+    int streaming;        /* block parameters are made by fs_weights_acquire and freed by
+                             fs_weights_release; the rest (embedders, norm_out) stay made */
+    int64_t peak_bytes;   /* the most fs_weights_resident_bytes has been (after each make) */
 } fs_weights;
+
+/* ---- Opening, streaming ----
+ * A rank holds either every parameter of its TP shard (the default for small models), or —
+ * streaming — only the small top-level ones (embedders, norm_out, proj_out) plus the block it is
+ * computing: fs_model_forward acquires "transformer_blocks.<i>." / "single_transformer_blocks.<i>."
+ * before a block and releases it after. Each parameter is made for this rank's shard only: a view
+ * into the mapped checkpoint when the bytes already are what the run computes with, else those
+ * rows and columns decoded (never the whole tensor), or generated. */
+typedef struct fs_weights_opts {
+    const char *path;          /* a checkpoint (fs_weights_load), or NULL: synthetic */
+    uint64_t seed;             /* synthetic */
+    fs_dtype dtype;            /* the run's */
+    fs_dtype make_dtype;       /* made in this first (bf16 for --match bf16), then converted; 0: dtype */
+    const struct fs_plan *plan;
+    int tp, tp_rank;           /* tp <= 1: full tensors */
+    const fs_inject *inj;      /* --inject bugs that change the split */
+    int stream;
+} fs_weights_opts;
+int fs_weights_open(fs_weights *w, const fs_config *c, const fs_weights_opts *o, fs_err *e);
+/* Makes every parameter whose name starts with `prefix` (e.g. "transformer_blocks.3."); a no-op
+ * for parameters already made. */
+int fs_weights_acquire(fs_weights *w, const char *prefix, fs_err *e);
+/* Streaming: frees the parameters under `prefix`. Otherwise a no-op. */
+void fs_weights_release(fs_weights *w, const char *prefix);
+/* Remakes the weights for another TP split (rank 0 after the single-rank --check reference) or
+ * another dtype (the matched float64 truth of a bf16 --check): everything made so far is dropped
+ * and made again as the new split / dtype says. */
+int fs_weights_resplit(fs_weights *w, const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
+int fs_weights_set_dtype(fs_weights *w, fs_dtype dt, fs_err *e);
+/* Bytes the made parameters hold (views into a mapping count 0: they are the file's pages). */
+int64_t fs_weights_resident_bytes(const fs_weights *w);
+/* Turns streaming on (block parameters dropped now, made block by block) or off (everything made
+ * now and kept). */
+int fs_weights_set_streaming(fs_weights *w, int on, fs_err *e);
+/* Bytes the block parameters of TP rank t of T take when all are made in the run dtype: what
+ * streaming saves, less one block. -1 on error. */
+int64_t fs_weights_block_bytes(const fs_weights *w, int T, int t, fs_err *e);
+/* --stream auto streams when a rank's block parameters exceed this */
+#define FS_STREAM_AUTO_BYTES (2.0 * 1024 * 1024 * 1024)
 
 /* Synthetic weights with the magnitudes of ../shared/reference/README.md: Linear weight
  * ~ N(0, 1/in), bias ~ N(0, 0.05^2), RMSNorm weight ~ 1 + N(0, 0.1^2); element i of tensor
@@ -49,11 +93,23 @@ void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t fi
 void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                       void *out);
 
-/* Load from safetensors (implemented in fs_weights_load.c). `path` is a .safetensors file,
- * a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
+/* Load from safetensors (fs_weights_open with a path, full tensors). `path` is a .safetensors
+ * file, a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
  * (its transformer/ is opened; fs_pipeline.h). Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
+
+/* The loader as a source (fs_weights_load.c): opens and validates a checkpoint against the
+ * parameter list; fs_wload_make makes parameter i's piece `sh` in dtype dt (a view when it can). */
+int fs_wload_open(fs_wload **l, const fs_config *c, const fs_param_desc *desc, int n, const char *path, fs_err *e);
+int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_split *sh, fs_dtype dt, fs_tensor *t,
+                  fs_err *e);
+const char *fs_wload_path(const fs_wload *l);
+/* Files of the open checkpoint (shards). */
+int fs_wload_nfiles(const fs_wload *l);
+/* 1 when bytes [p, p + n) lie in the checkpoint's mappings (a weight used in place). */
+int fs_wload_maps(const fs_wload *l, const void *p, size_t n);
+void fs_wload_free(fs_wload *l);
 
 /* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
  * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
@@ -82,16 +138,14 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
  * needs every rank's full q, k and v, so it only exists here, not in synthetic shards). */
 int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
 
-/* Every tensor converted to dtype dt (owned copies). With weights made or loaded in bfloat16 this
- * is --match bf16: the weights a bf16 transformer computes with (round to nearest even, as
- * `from_pretrained(torch_dtype=torch.bfloat16)` loads them), solved at float64 precision. */
-int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e);
-
 /* The weights as a backend computes with them: `on` gets the same names and shapes, its tensors
  * in the memory of `be` — views of w's tensors when be's memory is host-addressable (the CPU
  * backend: nothing is copied), uploaded copies otherwise (a GPU, cpu-strict). w must outlive on;
  * fs_weights_free(on) frees only what was uploaded. */
 int fs_weights_on(const fs_weights *w, struct fs_backend *be, fs_weights *on, fs_err *e);
+/* The same for the parameters under `prefix` only (a block being streamed); parameters not made
+ * are skipped by both. */
+int fs_weights_on_prefix(const fs_weights *w, struct fs_backend *be, const char *prefix, fs_weights *on, fs_err *e);
 
 /* Tensor by diffusers name, NULL if the config has no such parameter. */
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name);

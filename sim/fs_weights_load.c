@@ -226,122 +226,166 @@ static const char *shape_str(int nd, const int64_t *s, char *buf, size_t n)
     return fs_tensor_shape_str(&t, buf, n);
 }
 
-/* Fills t (shape of d, run dtype dt) from entry en following pl. */
-static int fill(fs_tensor *t, const fs_param_desc *d, const plan *pl, const fs_st_entry *en, fs_dtype dt, fs_err *e)
+/* ---------------------------------------------------------------- the loader as a source */
+
+/* Where each parameter lives in an open checkpoint: its entry and the plan (pieces of rows). */
+struct fs_wload {
+    fs_st_archive a;
+    const fs_st_entry **en; /* [n] */
+    plan *pl;               /* [n] */
+    int n;
+};
+
+void fs_wload_free(fs_wload *l)
 {
-    int64_t row = 1; /* elements per row of the first dimension */
-    for (int k = 1; k < d->ndim; k++) row *= d->shape[k];
-    /* A view needs the bytes to already be what the run computes with, in one piece, and
-     * aligned for float loads (safetensors does not promise alignment; the Python writer pads
-     * the header to 8 bytes, so in practice every tensor qualifies). */
-    const int as_stored = (en->dtype == FS_ST_F32 && dt == FS_F32) || (en->dtype == FS_ST_BF16 && dt == FS_BF16) ||
-                          (en->dtype == FS_ST_F64 && dt == FS_F64);
-    const size_t es = fs_dtype_size(dt);
-    const char *first = pl->np == 1 && as_stored ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * es : NULL;
-    if (first && (uintptr_t)first % es == 0) {
-        memset(t, 0, sizeof *t);
-        t->dtype = dt;
-        t->ndim = d->ndim;
-        for (int k = 0; k < d->ndim; k++) t->shape[k] = d->shape[k];
-        t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */
-        t->owns = 0;
-        return FS_OK;
-    }
-    int rc = fs_tensor_alloc(t, dt, d->ndim, d->shape, e);
-    if (rc) return rc;
-    for (int k = 0; k < pl->np; k++) {
-        void *dst = (char *)t->data + (size_t)(pl->p[k].dst_r0 * row) * fs_dtype_size(dt);
-        if ((rc = fs_st_decode(en, pl->p[k].src_r0 * row, pl->p[k].nrows * row, dt, dst, e))) return rc;
-    }
-    return FS_OK;
+    if (!l) return;
+    fs_st_archive_close(&l->a); /* unmaps: views into it must be cleared first (fs_weights_free) */
+    free(l->en);
+    free(l->pl);
+    free(l);
 }
 
-int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e)
-{
-    int rc = fs_weights_init_empty(w, c, dt, e);
-    if (rc) return rc;
-    snprintf(w->source, sizeof w->source, "%s", path);
+const char *fs_wload_path(const fs_wload *l) { return l->a.path; }
 
-    fs_st_archive a;
+int fs_wload_nfiles(const fs_wload *l) { return l ? l->a.nfiles : 0; }
+
+int fs_wload_maps(const fs_wload *l, const void *p, size_t n)
+{
+    for (int f = 0; l && f < l->a.nfiles; f++) {
+        const char *lo = l->a.files[f].map, *hi = lo + l->a.files[f].map_len;
+        if (lo && (const char *)p >= lo && (const char *)p + n <= hi) return 1;
+    }
+    return 0;
+}
+
+int fs_wload_open(fs_wload **out, const fs_config *c, const fs_param_desc *desc, int n, const char *path, fs_err *e)
+{
+    *out = NULL;
+    fs_wload *l = calloc(1, sizeof *l);
+    if (!l) return fs_errf(e, FS_E_NOMEM, "out of memory");
     unsigned char *used = NULL;
     char *open_path = NULL; /* a pipeline folder's transformer/ (fs_pipeline.c), else path */
-    if ((rc = fs_pipeline_weights_path(path, &open_path, e)) || (rc = fs_st_archive_open(&a, open_path, e))) {
+    int rc;
+    if ((rc = fs_pipeline_weights_path(path, &open_path, e)) || (rc = fs_st_archive_open(&l->a, open_path, e))) {
         free(open_path);
-        fs_weights_free(w);
+        free(l);
         return rc;
     }
     free(open_path);
     enum naming naming;
-    if ((rc = detect_naming(&a, &naming, e))) goto fail;
+    if ((rc = detect_naming(&l->a, &naming, e))) goto fail;
     const int bfl = naming == N_BFL || naming == N_BFL_PREFIXED;
     const char *prefix = naming == N_BFL_PREFIXED ? BFL_PREFIX : "";
-    if (!(used = calloc(a.n ? (size_t)a.n : 1, 1))) {
+    l->n = n;
+    if (!(used = calloc(l->a.n ? (size_t)l->a.n : 1, 1)) || !(l->en = calloc((size_t)(n ? n : 1), sizeof *l->en)) ||
+        !(l->pl = calloc((size_t)(n ? n : 1), sizeof *l->pl))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
         goto fail;
     }
-
     char sa[96], sb[96], what[448];
-    for (int i = 0; i < w->n; i++) {
-        const fs_param_desc *d = &w->desc[i];
-        plan pl = {0};
+    for (int i = 0; i < n; i++) { /* every tensor is validated up front, even when streaming */
+        const fs_param_desc *d = &desc[i];
+        plan *pl = &l->pl[i];
         if (bfl) {
-            if (plan_bfl(&pl, d, c, prefix)) {
+            if (plan_bfl(pl, d, c, prefix)) {
                 rc = fs_errf(e, FS_E_INTERNAL, "no BFL name known for parameter '%s'", d->name);
                 goto fail;
             }
-            snprintf(what, sizeof what, "'%s' (BFL name for diffusers '%s')", pl.src, d->name);
+            snprintf(what, sizeof what, "'%s' (BFL name for diffusers '%s')", pl->src, d->name);
         } else {
-            snprintf(pl.src, sizeof pl.src, "%s", d->name);
-            plan_whole(&pl, d);
+            snprintf(pl->src, sizeof pl->src, "%s", d->name);
+            plan_whole(pl, d);
             snprintf(what, sizeof what, "'%s'", d->name);
         }
-        int k = fs_st_archive_index(&a, pl.src);
+        int k = fs_st_archive_index(&l->a, pl->src);
         if (k < 0) {
-            rc = fs_errf(e, FS_E_INPUT, "%s: missing tensor %s", a.path, what);
+            rc = fs_errf(e, FS_E_INPUT, "%s: missing tensor %s", l->a.path, what);
             goto fail;
         }
-        const fs_st_entry *en = a.idx[k];
-        int64_t want[FS_MAX_DIMS] = {pl.src_rows, d->shape[1]};
+        const fs_st_entry *en = l->a.idx[k];
+        int64_t want[FS_MAX_DIMS] = {pl->src_rows, d->shape[1]};
         if (!shapes_equal(d->ndim, want, en)) {
             rc = fs_errf(e, FS_E_INPUT, "%s: tensor %s: expected %s from config, file has %s",
-                         fs_st_archive_file_of(&a, en), what, shape_str(d->ndim, want, sa, sizeof sa),
+                         fs_st_archive_file_of(&l->a, en), what, shape_str(d->ndim, want, sa, sizeof sa),
                          shape_str(en->ndim, en->shape, sb, sizeof sb));
             goto fail;
         }
         used[k] = 1;
-        if ((rc = fill(&w->t[i], d, &pl, en, dt, e))) {
-            fs_err_prefix(e, "%s: tensor %s: ", fs_st_archive_file_of(&a, en), what);
-            goto fail;
-        }
+        l->en[i] = en;
     }
-
     /* Unused tensors mean the config and the checkpoint disagree (schnell weights with a dev
      * config, a LoRA merged under new names, ...): loading "most of it" would run a different
      * model than the user thinks. */
     int nextra = 0, first = -1;
-    for (int k = 0; k < a.n; k++)
+    for (int k = 0; k < l->a.n; k++)
         if (!used[k] && nextra++ == 0) first = k;
     if (nextra) {
         rc = fs_errf(e, FS_E_INPUT, "%s: unexpected tensor '%s' (%d tensor%s in the checkpoint that the config has no "
                                     "parameter for; wrong config?)",
-                     fs_st_archive_file_of(&a, a.idx[first]), a.idx[first]->name, nextra, nextra == 1 ? "" : "s");
+                     fs_st_archive_file_of(&l->a, l->a.idx[first]), l->a.idx[first]->name, nextra, nextra == 1 ? "" : "s");
         goto fail;
     }
-
-    /* Views point into the mappings: they now live (and die) with the weights. */
-    if (!(w->maps = calloc((size_t)a.nfiles, sizeof *w->maps))) {
-        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (int f = 0; f < a.nfiles; f++) fs_st_release_map(&a.files[f], &w->maps[f].addr, &w->maps[f].len);
-    w->nmaps = a.nfiles;
     free(used);
-    fs_st_archive_close(&a);
+    *out = l;
     return FS_OK;
-
 fail:
     free(used);
-    fs_weights_free(w); /* clears views before their mapping goes away below */
-    fs_st_archive_close(&a);
+    fs_wload_free(l);
     return rc;
+}
+
+/* Parameter i's piece `sh` (rows [r0, r1) and column intervals) into t, in dtype dt: a view into
+ * the mapping when the bytes already are what the run computes with, in one aligned piece (a
+ * colwise row range of an F32 tensor in an fp32 run, of a BF16 one in a bf16 run); otherwise
+ * only those rows and columns decoded — never the whole tensor. */
+int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_split *sh, fs_dtype dt, fs_tensor *t,
+                  fs_err *e)
+{
+    const fs_st_entry *en = l->en[i];
+    const plan *pl = &l->pl[i];
+    const int64_t K = d->ndim == 2 ? d->shape[1] : 1, cols = fs_tp_split_cols(sh);
+    const int whole_cols = cols == K;
+    const size_t es = fs_dtype_size(dt);
+    int64_t shape[2] = {sh->r1 - sh->r0, d->ndim == 2 ? cols : 0};
+    const int as_stored = (en->dtype == FS_ST_F32 && dt == FS_F32) || (en->dtype == FS_ST_BF16 && dt == FS_BF16) ||
+                          (en->dtype == FS_ST_F64 && dt == FS_F64);
+    /* one piece holding all the rows: the source rows are one contiguous range */
+    for (int k = 0; as_stored && whole_cols && k < pl->np; k++) {
+        const piece *pc = &pl->p[k];
+        if (sh->r0 < pc->dst_r0 || sh->r1 > pc->dst_r0 + pc->nrows) continue;
+        const char *first = (const char *)en->data + (size_t)((pc->src_r0 + sh->r0 - pc->dst_r0) * K) * es;
+        if ((uintptr_t)first % es) break;
+        memset(t, 0, sizeof *t);
+        t->dtype = dt;
+        t->ndim = d->ndim;
+        t->shape[0] = shape[0];
+        if (d->ndim == 2) t->shape[1] = shape[1];
+        t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */
+        return FS_OK;
+    }
+    int rc = fs_tensor_alloc(t, dt, d->ndim, shape, e);
+    if (rc) return rc;
+    for (int k = 0; k < pl->np; k++) {
+        const piece *pc = &pl->p[k];
+        const int64_t lo = sh->r0 > pc->dst_r0 ? sh->r0 : pc->dst_r0,
+                      hi = sh->r1 < pc->dst_r0 + pc->nrows ? sh->r1 : pc->dst_r0 + pc->nrows;
+        if (lo >= hi) continue;
+        const int64_t src_row = pc->src_r0 + lo - pc->dst_r0;
+        char *dst = (char *)t->data + (size_t)((lo - sh->r0) * cols) * es;
+        if (whole_cols) { /* a contiguous block of rows */
+            if ((rc = fs_st_decode(en, src_row * K, (hi - lo) * K, dt, dst, e))) break;
+            continue;
+        }
+        for (int64_t r = 0; r < hi - lo && !rc; r++)
+            for (int c = 0, o = 0; c < sh->nc && !rc; c++) {
+                const int64_t len = sh->c[c][1] - sh->c[c][0];
+                rc = fs_st_decode(en, (src_row + r) * K + sh->c[c][0], len, dt, dst + (size_t)(r * cols + o) * es, e);
+                o += (int)len;
+            }
+    }
+    if (rc) {
+        fs_tensor_free(t);
+        return fs_err_prefix(e, "%s: tensor '%s': ", fs_st_archive_file_of(&l->a, en), en->name);
+    }
+    return FS_OK;
 }

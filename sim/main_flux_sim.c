@@ -50,6 +50,10 @@ static void usage(FILE *f)
             "  --match bf16          with fp32/fp64: solve the problem a bf16 run solves (weights and inputs\n"
             "                        rounded to bf16, timestep and guidance embedded as bf16 rounds them) at\n"
             "                        this precision: the reference a bf16 run is judged against\n"
+            "  --stream M            on: hold only the block being computed (its parameters made from the\n"
+            "                        checkpoint or generator before it, freed after; bit-identical, memory of\n"
+            "                        one block instead of all); off: hold every parameter; auto: on when a\n"
+            "                        rank's block parameters exceed 2 GiB [auto]\n"
             "\n"
             "Inputs:\n"
             "  --inputs DUMP.h5      replay the config, inputs, sigmas and timesteps of a flux-dump (e.g. one\n"
@@ -103,7 +107,7 @@ static void usage(FILE *f)
 
 typedef struct opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
-        *backend, *lse_layout, *match, *ar_order;
+        *backend, *lse_layout, *match, *ar_order, *stream;
     int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
@@ -137,7 +141,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -156,6 +160,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
         {"backend", required_argument, 0, O_BACKEND}, {"lse-layout", required_argument, 0, O_LSE},
         {"match", required_argument, 0, O_MATCH},     {"allreduce-order", required_argument, 0, O_AR_ORDER},
+        {"stream", required_argument, 0, O_STREAM},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -165,6 +170,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     /* the environment sets the default backend, so a whole test suite or CI job can run on
      * another backend without touching its command lines (FLUX_SIM_BACKEND=cpu-strict make test) */
     o->backend = getenv("FLUX_SIM_BACKEND") && *getenv("FLUX_SIM_BACKEND") ? getenv("FLUX_SIM_BACKEND") : "cpu";
+    o->stream = "auto";
     o->gen = (fs_gen_params){.seed = 0, .batch = 1, .grid_h = 16, .grid_w = 16, .txt_len = 32, .steps = 4,
                              .guidance = 3.5};
     opterr = 0;
@@ -183,6 +189,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             o->ar_order = optarg;
             if (strcmp(optarg, "rank") && strcmp(optarg, "reverse") && strcmp(optarg, "ring"))
                 rc = fs_errf(e, FS_E_INPUT, "--allreduce-order: '%s' is not rank, reverse or ring", optarg);
+            break;
+        case O_STREAM:
+            o->stream = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "on") && strcmp(optarg, "off"))
+                rc = fs_errf(e, FS_E_INPUT, "--stream: '%s' is not auto, on or off", optarg);
             break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
@@ -364,17 +375,17 @@ static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_in
     int rc = fs_inputs_copy(&tin, in, e);
     if (!rc) rc = fs_inputs_convert(&tin, FS_F64, e);
     if (!rc) fs_inputs_match_bf16(&tin);
-    if (!rc) rc = fs_weights_convert(w, FS_F64, e); /* exact: every value is a bf16 value */
+    if (!rc) rc = fs_weights_set_dtype(w, FS_F64, e); /* made in bf16, promoted exactly */
     if (!rc) rc = fs_weights_on(w, be, &wb, e);
     if (!rc) {
-        fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .be = be, .rec = fs_check_truth_recorder(check),
-                          .match_bf16 = 1};
+        fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .stream = w->streaming ? w : NULL, .be = be,
+                          .rec = fs_check_truth_recorder(check), .match_bf16 = 1};
         fs_step_hooks h = fs_check_truth_hooks(check);
         rc = fs_sample(&truth, &tin, &h, &rl, e);
     }
     fs_tensor_free(&rl);
     fs_weights_free(&wb);
-    if (!rc) rc = fs_weights_convert(w, FS_BF16, e); /* back, exactly, for this rank's parallel run */
+    if (!rc) rc = fs_weights_set_dtype(w, FS_BF16, e); /* back, for this rank's parallel run */
     fs_inputs_free(&tin);
     return rc;
 }
@@ -460,17 +471,29 @@ static int run(const opts *o, fs_err *e)
                                                                  : FS_BF16_ORDER_RANK);
 
     /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
-     *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
-     *    keeps full weights while it runs the in-job single-rank reference of --check, and cuts
-     *    them to its shard afterwards; fused-qkv-contiguous cuts q|k|v from full weights. */
+     *    those elements are generated; checkpoints: mmap'd, only the shard's rows and columns
+     *    decoded, views where the bytes are already what the run computes with). Rank 0 holds
+     *    the full model while it runs the in-job single-rank reference of --check, and remakes its
+     *    shard afterwards. Streaming (--stream): only embedders, norm_out and proj_out stay made;
+     *    each block's parameters are made before the block and dropped after it (fs_weights.h).
+     *    fused-qkv-contiguous cuts q|k|v from full weights, so it holds them all, unstreamed. */
     double t0 = now();
     const int ref_in_job = o->check && !o->check_ref;
-    const int full = tp == 1 || (root && ref_in_job) || fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    if (o->weights) rc = fs_weights_load(&w, &cfg, pdt, o->weights, e);
-    else if (full) rc = fs_weights_synthetic(&w, &cfg, pdt, o->weights_seed, e);
-    else rc = fs_weights_synthetic_shard(&w, &cfg, pdt, o->weights_seed, &plan, tp, par.tp_rank, par.inject, e);
-    if (!rc && tp > 1 && !(root && ref_in_job) && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
-    if (!rc && pdt != dt) rc = fs_weights_convert(&w, dt, e);
+    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    const int full = tp == 1 || (root && ref_in_job) || fused;
+    fs_weights_opts wo = {.path = o->weights, .seed = o->weights_seed, .dtype = dt, .make_dtype = pdt, .plan = &plan,
+                          .tp = full ? 1 : tp, .tp_rank = full ? 0 : par.tp_rank, .inj = par.inject,
+                          .stream = !fused && strcmp(o->stream, "off")};
+    rc = fs_weights_open(&w, &cfg, &wo, e);
+    if (!rc && wo.stream && !strcmp(o->stream, "auto")) {
+        /* stream only what is big (bit-identical either way): this rank's block parameters in the
+         * split it runs with; every rank decides alike, by the largest */
+        double bytes = (double)fs_weights_block_bytes(&w, tp, par.tp_rank, e);
+        fs_allreduce_max_double(world, &bytes, 1);
+        if (bytes < 0) rc = FS_E_INTERNAL;
+        else if (bytes <= FS_STREAM_AUTO_BYTES) rc = fs_weights_set_streaming(&w, 0, e);
+    }
+    if (!rc && tp > 1 && fused && !(root && ref_in_job)) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
@@ -530,18 +553,21 @@ static int run(const opts *o, fs_err *e)
         fs_step_hooks h = fs_check_ref_hooks(check);
         fs_tensor rl = {0};
         t0 = now();
+        ref.stream = w.streaming ? &w : NULL;
         if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
         fs_tensor_free(&rl);
         fs_weights_free(&wb);
         if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, e);
-        if (!rc && tp > 1 && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
+        if (!rc && tp > 1 && fused) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
+        else if (!rc && tp > 1) rc = fs_weights_resplit(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
     }
     if (!rc) rc = fs_weights_on(&w, be, &wb, e);
     if ((rc = agree(world, rc, e))) goto out;
 
     /* 6. the run in this layout */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .par = &par, .match_bf16 = o->match != NULL};
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .stream = w.streaming ? &w : NULL, .be = be, .par = &par,
+                  .match_bf16 = o->match != NULL};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
@@ -577,6 +603,8 @@ static int run(const opts *o, fs_err *e)
                      o->inject.fail.rank, o->inject.fail.module, o->inject.fail.step, o->inject.fail.rank,
                      o->inject.fail.module, o->inject.fail.step);
     if ((rc = agree(world, rc, e))) goto out;
+    double wpeak = (double)w.peak_bytes; /* every rank: a collective */
+    fs_allreduce_max_double(world, &wpeak, 1);
     if (!quiet) {
         fs_tensor hl;
         if ((rc = fs_tensor_host_view(&lat, &hl, e))) goto out;
@@ -591,6 +619,8 @@ static int run(const opts *o, fs_err *e)
         fs_tensor_free(&hl);
         printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", t_run,
                t_run / in.n_steps, s / n, sqrt(s2 / n - (s / n) * (s / n)), (long long)bad);
+        printf("  weights held: %.1f MiB at most on a rank (%s; views into a checkpoint not counted)\n",
+               wpeak / 1048576.0, w.streaming ? "streamed block by block" : "every parameter resident");
         if (o->dump) printf("  dump: %s\n", o->dump);
     }
 out:

@@ -237,12 +237,7 @@ static void assert_weights_equal(const fs_weights *a, const fs_weights *b)
 
 static int is_view_into_maps(const fs_weights *w, const fs_tensor *t)
 {
-    if (t->owns) return 0;
-    for (int m = 0; m < w->nmaps; m++) {
-        const char *lo = w->maps[m].addr, *hi = lo + w->maps[m].len;
-        if ((const char *)t->data >= lo && (const char *)t->data + fs_tensor_nbytes(t) <= hi) return 1;
-    }
-    return 0;
+    return !t->owns && fs_wload_maps(w->load, t->data, fs_tensor_nbytes(t));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -409,7 +404,7 @@ static void test_reference_tiny_f32(void **state)
     OK(fs_config_from_file(&c, cfgp, e));
     OK(fs_weights_load(&w, &c, FS_F32, st, e));
     assert_int_equal(w.n, 140);
-    assert_int_equal(w.nmaps, 1);
+    assert_int_equal(fs_wload_nfiles(w.load), 1);
     assert_string_equal(w.source, st);
     for (int i = 0; i < w.n; i++) {
         assert_int_equal(w.t[i].dtype, FS_F32);
@@ -605,7 +600,7 @@ static void test_sharded(void **state)
     snprintf(p, sizeof p, "%s/diffusion_pytorch_model.safetensors.index.json", dir);
     write_bytes(p, js, strlen(js));
     OK(fs_weights_load(&w, &c, FS_F32, p, e));
-    assert_int_equal(w.nmaps, 2);
+    assert_int_equal(fs_wload_nfiles(w.load), 2);
     assert_weights_equal(&src, &w);
     for (int i = 0; i < w.n; i++) assert_true(is_view_into_maps(&w, &w.t[i]));
     fs_weights_free(&w);
@@ -847,7 +842,7 @@ static void expect_bad_file(const char *path, const char *tensor, const char *ca
     memset(&e, 0, sizeof e);
     expect_err(fs_weights_load(&w, &c, FS_F32, path, &e), &e, FS_E_INPUT, path, cause, tensor, NULL);
     assert_null(w.t);
-    assert_null(w.maps);
+    assert_null(w.load);
 }
 
 static void with_tmp(char *dir, size_t ndir, char *path, size_t np, const char *file)
