@@ -24,7 +24,7 @@ static void set_at(fo_entry *en, const fo_model_dims *md, int64_t at)
 int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report *r, fs_err *e)
 {
     fo_report_init(r, FO_MODE_CONSISTENCY);
-    r->narrowed = o->n_modules > 0 || o->steps != NULL;
+    r->narrowed = o->modules != NULL || o->steps != NULL;
     r->tol = (fo_tolerance){.rtol = 0}; /* bitwise */
     r->nfiles = n;
     if (n < 2) return fs_errf(e, FS_E_INPUT, "consistency needs at least two per-rank dumps");

@@ -3,7 +3,6 @@
 #include "fo_diff.h"
 
 #include <cjson/cJSON.h>
-#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +17,7 @@ int fo_narrowed_out(const fo_diff_opts *o, int step, const char *name)
 {
     if (!o || step < 0) return 0; /* /inputs and /final are always compared */
     if (o->steps && !fo_steps_has(o->steps, step)) return 1;
-    if (o->n_modules) {
-        for (int i = 0; i < o->n_modules; i++)
-            if (!fnmatch(o->modules[i], name, 0)) return 0;
-        return 1;
-    }
-    return 0;
+    return o->modules && !fo_globs_match(o->modules, name);
 }
 
 int fo_require_complete(fo_file *f, int allow_partial, char **note, fs_err *e)
@@ -335,7 +329,7 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
     if (o->multiplier > 0) r->tol.m_rel = r->tol.m_max = o->multiplier;
     r->multiplier = r->tol.m_rel;
     r->with_truth = truth != NULL;
-    r->narrowed = o->n_modules > 0 || o->steps != NULL;
+    r->narrowed = o->modules != NULL || o->steps != NULL;
     /* What makes a comparison meaningless is refused before anything is read: different models,
      * and files whose producer did not finish. */
     int rc = same_model(a, b, e);

@@ -31,10 +31,9 @@ typedef struct fo_diff_opts {
     double multiplier;   /* --truth rule m (PyTorch uses 2); 0 means 2 */
     int64_t block_elems; /* streaming block, values per file; 0 means 256 Ki (2 MB of doubles) */
     /* Narrowing (--modules, --steps): only step groups in `steps` and, inside step groups, only
-     * names matching one of the fnmatch(3) globs in `modules` are compared, and only those must
-     * be on both sides. /inputs and /final are always compared. NULL / 0: everything. */
-    const char *const *modules;
-    int n_modules;
+     * names matching one of the globs in `modules` are compared, and only those must be on both
+     * sides. /inputs and /final are always compared. NULL: everything. */
+    const fo_globs *modules;
     const fo_steps *steps;
     int allow_partial;   /* compare partial dumps (what is there) instead of refusing them */
 } fo_diff_opts;

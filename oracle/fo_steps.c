@@ -2,6 +2,7 @@
 #include "fo_steps.h"
 
 #include <ctype.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,5 +131,73 @@ const char *fo_steps_str(const fo_steps *s, char *buf, size_t n)
         else o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? "," : "", s->v[i]);
         i = j + 1;
     }
+    return buf;
+}
+
+/* ---------------------------------------------------------------- module globs */
+
+void fo_globs_free(fo_globs *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) free(g->v[i]);
+    free(g->v);
+    memset(g, 0, sizeof *g);
+}
+
+int fo_globs_parse(const char *text, fo_globs *out, char *why, size_t n)
+{
+    memset(out, 0, sizeof *out);
+    if (!text) {
+        snprintf(why, n, "no glob");
+        return -1;
+    }
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        while (len && *p == ' ') p++, len--;
+        while (len && p[len - 1] == ' ') len--;
+        if (len > 255) {
+            snprintf(why, n, "glob '%.40s...' is longer than 255 characters", p);
+            fo_globs_free(out);
+            return -1;
+        }
+        if (len) {
+            if (out->n == FO_GLOBS_MAX) {
+                snprintf(why, n, "more than %d globs", FO_GLOBS_MAX);
+                fo_globs_free(out);
+                return -1;
+            }
+            char **v = realloc(out->v, (size_t)(out->n + 1) * sizeof *v);
+            if (v) out->v = v;
+            if (!v || !(out->v[out->n] = strndup(p, len))) {
+                snprintf(why, n, "out of memory");
+                fo_globs_free(out);
+                return -1;
+            }
+            out->n++;
+        }
+        p += len;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+    }
+    if (!out->n) {
+        snprintf(why, n, "no glob in '%.60s'", text);
+        return -1;
+    }
+    return 0;
+}
+
+int fo_globs_match(const fo_globs *g, const char *name)
+{
+    if (!g || !g->n) return 1;
+    for (int i = 0; i < g->n; i++)
+        if (!fnmatch(g->v[i], name, 0)) return 1;
+    return 0;
+}
+
+const char *fo_globs_str(const fo_globs *g, char *buf, size_t n)
+{
+    size_t o = 0;
+    if (n) buf[0] = 0;
+    for (int i = 0; i < g->n && o < n; i++) o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? "," : "", g->v[i]);
     return buf;
 }

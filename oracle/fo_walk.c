@@ -113,6 +113,14 @@ void fo_name_set_free(fo_name_set *s)
 int fo_modules_promise(const char *decl, const char *name)
 {
     if (!decl || !strcmp(decl, "all")) return 1;
+    if (!strncmp(decl, "match:", 6)) { /* flux-sim --dump-modules: the step's latents and the globs */
+        fo_globs g = {0};
+        char why[128];
+        if (fo_globs_parse(decl + 6, &g, why, sizeof why)) return -1;
+        int hit = !strcmp(name, "latents_in") || !strcmp(name, "latents_out") || fo_globs_match(&g, name);
+        fo_globs_free(&g);
+        return hit;
+    }
     int depth = 0;
     char tail = 0;
     if (sscanf(decl, "depth<=%d%c", &depth, &tail) != 1 || depth < 1) return -1;

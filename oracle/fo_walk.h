@@ -38,7 +38,9 @@ void fo_name_set_free(fo_name_set *s);
 /* Did a step's `recorded_modules` declaration promise `name`? "all" (or no declaration, NULL)
  * promises every name; "depth<=N" promises the names of at most N dot-separated components,
  * a `#k` / `@k` suffix not counted (transformer_blocks.0#1 has depth 2,
- * time_text_embed.timestep_embedder.linear_1 depth 3), as the reference dumps use it. Returns 1
+ * time_text_embed.timestep_embedder.linear_1 depth 3), as the reference dumps use it;
+ * "match:G1,G2" (flux-sim --dump-modules) promises latents_in, latents_out and the names one of
+ * the fnmatch globs matches. Returns 1
  * (promised: its absence is unexplained), 0 (declared not recorded), or -1 (a declaration this
  * reader does not understand: treated as promising everything, so nothing is excused by it). */
 int fo_modules_promise(const char *decl, const char *name);

@@ -193,8 +193,6 @@ static void usage(FILE *o)
           o);
 }
 
-#define MAX_GLOBS 64
-
 typedef struct opts {
     const char *cmd;
     const char *files[FO_MAX_RANKS];
@@ -202,7 +200,7 @@ typedef struct opts {
     const char *truth, *html, *junit;
     int quiet, json, strict, color;
     fo_diff_opts d;
-    char *globs[MAX_GLOBS]; /* --modules, split at commas (owned) */
+    fo_globs globs;         /* --modules (owned) */
     fo_steps steps;         /* --steps (owned) */
     /* the verdict, decided once (fo_report_verdict) and rendered by every output */
     fo_verdict verdict;
@@ -211,7 +209,7 @@ typedef struct opts {
 
 static void opts_free(opts *o)
 {
-    for (int i = 0; i < o->d.n_modules; i++) free(o->globs[i]);
+    fo_globs_free(&o->globs);
     fo_steps_free(&o->steps);
 }
 
@@ -276,18 +274,10 @@ static int parse_args(int argc, char **argv, opts *o, char *err, size_t en)
             o->d.steps = &o->steps;
         } else if (!strcmp(a, "--modules")) {
             NEED_VAL;
-            for (const char *p = val; *p;) {
-                size_t len = strcspn(p, ",");
-                if (len) {
-                    if (o->d.n_modules == MAX_GLOBS) { snprintf(err, en, "option --modules: at most %d globs", MAX_GLOBS); return -1; }
-                    if (!(o->globs[o->d.n_modules] = strndup(p, len))) { snprintf(err, en, "out of memory"); return -1; }
-                    o->d.n_modules++;
-                }
-                p += len;
-                if (*p == ',') p++;
-            }
-            if (!o->d.n_modules) { snprintf(err, en, "option --modules: no glob in '%s'", val); return -1; }
-            o->d.modules = (const char *const *)o->globs;
+            char why[256];
+            fo_globs_free(&o->globs);
+            if (fo_globs_parse(val, &o->globs, why, sizeof why)) { snprintf(err, en, "option --modules: %s", why); return -1; }
+            o->d.modules = &o->globs;
         }
         else if (!strcmp(a, "--color")) o->color = 1;
         else if (!strcmp(a, "--no-color")) o->color = 0;

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fo_diff.h"
 #include "fo_dump.h"
 #include "fo_metrics.h"
+#include "fo_walk.h"
 #include "fs_gather.h"
 
 typedef struct ref_entry {
@@ -32,10 +34,12 @@ struct fs_check {
     /* reference: in memory (rank 0) or a file */
     ref_set ref, truth; /* truth.n > 0: the bf16 arbiter rule (fo_tolerance_arbiter) decides */
     fo_file *ref_file;
+    fo_decl ref_decl; /* what ref_file declares it did not record */
     fo_dataset ds;
     /* progress */
     int step;
-    int n_compared, n_missing, diverged;
+    int n_compared, n_excused, diverged;
+    int agreed_error; /* an error every rank got from rank 0's verdict (not a local failure) */
     double worst, worst_ratio;
     char worst_where[256];
     char report[4096];
@@ -64,8 +68,13 @@ int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol
     ck->tol = tol;
     ck->worst = 0;
     if (ref_path && par->rank == 0) {
+        /* a reference cut short would compare less than the run records and call that a pass */
         int rc = fo_file_open(&ck->ref_file, ref_path, e);
+        if (!rc) rc = fo_require_complete(ck->ref_file, 0, NULL, e);
+        if (!rc) rc = fo_decl_read(ck->ref_file, 0, &ck->ref_decl, e);
         if (rc) {
+            fs_err_prefix(e, "--check=%s: ", ref_path);
+            fo_file_close(ck->ref_file);
             free(ck);
             return rc;
         }
@@ -91,6 +100,7 @@ void fs_check_free(fs_check *ck)
     ref_set_free(&ck->ref);
     ref_set_free(&ck->truth);
     fo_file_close(ck->ref_file);
+    fo_decl_free(&ck->ref_decl);
     fo_dataset_free(&ck->ds);
     free(ck);
 }
@@ -173,6 +183,22 @@ static int ref_lookup(fs_check *ck, int step, const char *name, const double **d
 
 /* ---------------------------------------------------------------- parallel comparison */
 
+/* 1 when the reference file declares it did not record (step, name) (fo_decl_excuses: the step
+ * is outside its recorded_steps, or the step group's recorded_modules leaves the name out). */
+static int missing_excused(fs_check *ck, const char *name)
+{
+    if (!ck->ref_file) return 0; /* the in-job reference records what the run records */
+    fo_walk_group wg = {.step = ck->step};
+    snprintf(wg.group, sizeof wg.group, "/step_%04d", ck->step);
+    const int present = fo_is_group(ck->ref_file, wg.group);
+    char *decl = NULL;
+    fs_err ignore = {0};
+    if (present && fo_attr_string(ck->ref_file, wg.group, "recorded_modules", &decl, &ignore)) return 0;
+    int ok = fo_decl_excuses(&ck->ref_decl, &wg, present, decl, name);
+    free(decl);
+    return ok;
+}
+
 static int chk_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
 {
     ((fs_check *)ctx)->step = step;
@@ -228,7 +254,17 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const f
                      "  pieces: %s\n",
                      ck->step, name, lay, g.detail, pieces);
         } else if (!ref_lookup(ck, ck->step, name, &ref, &rnd, rshape)) {
-            ck->n_missing++;
+            /* a reference file may have left it out on purpose (recorded_steps, recorded_modules:
+             * diffusers' dumps keep depth<=2 after step 0); anything else is a hole in the
+             * comparison, which is an error, never a silent skip */
+            if (missing_excused(ck, name)) ck->n_excused++;
+            else {
+                snprintf(ck->report, sizeof ck->report, "--check: the reference %s has no step %d %s, which this run "
+                         "records, and does not declare it unrecorded (recorded_steps, recorded_modules); narrow the run "
+                         "with --dump-modules/--dump-steps to what the reference holds",
+                         ck->ref_file ? fo_file_path(ck->ref_file) : "(in-job single-rank run)", ck->step, name);
+                ck->agreed_error = FS_E_INPUT;
+            }
         } else {
             fs_tensor rt = {.ndim = rnd};
             memcpy(rt.shape, rshape, sizeof(int64_t) * (size_t)rnd);
@@ -315,7 +351,7 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const f
                 }
             }
         }
-        verdict = ck->diverged ? FS_DIVERGED : FS_OK;
+        verdict = ck->diverged ? FS_DIVERGED : ck->agreed_error;
     }
     fs_bcast(p->g_world, 0, &verdict, sizeof verdict);
     if (verdict == FS_DIVERGED && ck->brk) {
@@ -367,8 +403,25 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const f
         ck->diverged = 1;
         return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);
     }
+    if (verdict == FS_E_INPUT) {
+        ck->agreed_error = verdict;
+        return p->rank == 0 ? fs_errf(e, verdict, "%s", ck->report)
+                            : fs_errf(e, verdict, "--check: the reference lacks step %d %s", ck->step, name);
+    }
     if (verdict) return fs_errf(e, verdict, "--check: gathering %s failed", name);
     return FS_OK;
+}
+
+int fs_check_agreed_error(const fs_check *ck) { return ck && ck->agreed_error; }
+
+int fs_check_finish(fs_check *ck, fs_err *e)
+{
+    int n = ck->n_compared;
+    fs_bcast(ck->par->g_world, 0, &n, sizeof n); /* rank 0 compares; every rank returns the same */
+    if (n > 0) return FS_OK;
+    ck->agreed_error = FS_E_INPUT;
+    return fs_errf(e, FS_E_INPUT, "--check compared nothing: %s", ck->ref_file ? "the reference holds none of what this "
+                   "run recorded" : "this run recorded no tensor");
 }
 
 fs_recorder fs_check_recorder(fs_check *ck) { return (fs_recorder){.fn = chk_record, .ctx = ck}; }
@@ -380,21 +433,22 @@ const char *fs_check_report(const fs_check *ck)
 {
     fs_check *m = (fs_check *)ck;
     if (!ck->diverged) {
-        char lay[128];
+        char lay[128], excused[96];
+        snprintf(excused, sizeof excused, " (%d more the reference declares unrecorded)", ck->n_excused);
         if (ck->truth.n > 0)
             snprintf(m->report, sizeof m->report,
                      "flux-sim --check: OK — %s reproduces the single-rank %s run: %d tensors compared%s, worst relative "
                      "L2 %.3g (%s); against the matched float64 truth its error is at most %.2f x the single-rank run's "
                      "(rule: %g x + %.1e; docs/bf16.md)\n",
                      fs_par_describe(ck->par, lay, sizeof lay), fs_dtype_name(ck->dt), ck->n_compared,
-                     ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where,
+                     ck->n_excused ? excused : "", ck->worst, ck->worst_where,
                      ck->worst_ratio, ck->tol.m_rel > 0 ? ck->tol.m_rel : 2, ck->tol.rtol / 10);
         else
             snprintf(m->report, sizeof m->report,
                      "flux-sim --check: OK — %s reproduces the single-rank run: %d tensors compared%s, worst relative L2 "
                      "%.3g (%s); tolerance %.1e (max-abs %.1e)\n",
                      fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared,
-                     ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where, ck->tol.rtol,
+                     ck->n_excused ? excused : "", ck->worst, ck->worst_where, ck->tol.rtol,
                      ck->tol.mtol);
     }
     return ck->report;

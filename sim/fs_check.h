@@ -59,6 +59,12 @@ fs_step_hooks fs_check_truth_hooks(fs_check *ck);
 fs_recorder fs_check_recorder(fs_check *ck);
 fs_step_hooks fs_check_hooks(fs_check *ck);
 
+/* After the run (every rank, collective): an error when nothing at all was compared — a verdict
+ * is never "OK" on nothing. */
+int fs_check_finish(fs_check *ck, fs_err *e);
+/* 1 when the run's error came from a verdict every rank received (the reference lacks a tensor
+ * the run recorded, nothing compared): the job ends in agreement, not by abort. */
+int fs_check_agreed_error(const fs_check *ck);
 /* After the run (every rank): 1 if diverged. Rank 0: the report (divergence or summary). */
 int fs_check_diverged(const fs_check *ck);
 const char *fs_check_report(const fs_check *ck);

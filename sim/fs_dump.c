@@ -52,6 +52,7 @@ struct fs_dump {
     int deflate;     /* 0: no filters, every dataset contiguous; 1-9: shuffle + deflate level */
     int wrote_inputs, wrote_final;
     int registered;  /* tmp is in the cleanup registry (fs_cleanup.h) */
+    char modules_decl[512]; /* each step's recorded_modules ("all" unless fs_dump_set_recorded_modules) */
     char **order;    /* dataset names of the open step, in recording order */
     int n_order, cap_order;
     const fs_group *g; /* parallel HDF5 over g, or NULL */
@@ -515,8 +516,19 @@ static int check_usable(fs_dump *d, const char *what, fs_err *e)
 
 static int check_root_attr_name(fs_dump *d, const char *name, fs_err *e)
 {
-    if (!name || !*name || !strcmp(name, "format") || !strcmp(name, "version"))
+    if (!name || !*name || !strcmp(name, "format") || !strcmp(name, "version") || !strcmp(name, "complete"))
         return fs_errf(e, FS_E_INTERNAL, "%s: root attribute '%s' is reserved or empty", d->tmp, name ? name : "");
+    return FS_OK;
+}
+
+int fs_dump_set_recorded_modules(fs_dump *d, const char *decl, fs_err *e)
+{
+    int rc = check_usable(d, "set recorded_modules", e);
+    if (rc) return rc;
+    if (strlen(decl) >= sizeof d->modules_decl)
+        return DUMP_FAIL(d, e, FS_E_INPUT, "%s: module selection longer than %zu characters", d->tmp,
+                         sizeof d->modules_decl - 1);
+    snprintf(d->modules_decl, sizeof d->modules_decl, "%s", decl);
     return FS_OK;
 }
 
@@ -600,7 +612,7 @@ int fs_dump_begin_step(fs_dump *d, int step, double timestep, double sigma, doub
     if (d->step < 0) return DUMP_FAIL(d, e, FS_E_IO, "%s: /%s: cannot create: %s", d->tmp, name, h5_cause(cause));
     d->step_no = step;
     if (put_f64(d->step, "timestep", timestep) < 0 || put_f64(d->step, "sigma", sigma) < 0 ||
-        put_f64(d->step, "sigma_next", sigma_next) < 0 || put_str(d->step, "recorded_modules", "all") < 0)
+        put_f64(d->step, "sigma_next", sigma_next) < 0 || put_str(d->step, "recorded_modules", d->modules_decl[0] ? d->modules_decl : "all") < 0)
         return DUMP_FAIL(d, e, FS_E_IO, "%s: /%s: attributes: write failed: %s", d->tmp, name, h5_cause(cause));
     return FS_OK;
 }
@@ -713,6 +725,17 @@ int fs_dump_close(fs_dump *d, fs_err *e)
     }
     if (d->step >= 0) {
         rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: step_%04d was never ended", d->path, d->step_no);
+        goto fail;
+    }
+    if (!d->wrote_final) {
+        rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: /final was never written", d->path);
+        goto fail;
+    }
+    /* the completeness marker, the producer's last write (docs/dump-format.md): a file without
+     * it was cut short, whatever else it holds */
+    int64_t one = 1;
+    if (put_num(d->file, "complete", H5T_STD_I64LE, H5T_NATIVE_INT64, &one) < 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: not written: attribute complete: %s", d->path, h5_cause(cause));
         goto fail;
     }
     H5Pclose(d->gcpl);

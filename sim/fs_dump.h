@@ -28,6 +28,9 @@ int fs_dump_set_attr_double(fs_dump *d, const char *name, double value, fs_err *
  * datasets of >= 256 elements (one chunk each, like the reference dumps), 0 = none (the
  * default), every dataset contiguous. Deflate costs ~25 s per GB and saves 10-20%. */
 int fs_dump_set_deflate(fs_dump *d, int level, fs_err *e);
+/* The `recorded_modules` attribute of every step group begun from now on: "all" (the default)
+ * or a selection's declaration ("match:G1,G2", fs_select.h). */
+int fs_dump_set_recorded_modules(fs_dump *d, const char *decl, fs_err *e);
 /* "<path>.tmp.<pid>": where the data goes until fs_dump_close (for messages and tests). */
 const char *fs_dump_tmp_path(const fs_dump *d);
 int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e);
@@ -53,9 +56,10 @@ int fs_dump_record_piece(fs_dump *d, const char *name, const fs_tensor *t, const
 /* Writes the `order` attribute and closes the step group. */
 int fs_dump_end_step(fs_dump *d, fs_err *e);
 int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e);
-/* Flushes, fsyncs, closes and renames into place. Frees d in every case. Refuses (and deletes
- * the temporary) when an earlier call failed or a step was never ended, so a dump whose producer
- * ignored an error never appears at <path>. */
+/* Writes the root attribute `complete` = 1 (the completeness marker, the last write), flushes,
+ * fsyncs, closes and renames into place. Frees d in every case. Refuses (and deletes the
+ * temporary) when an earlier call failed, a step was never ended or /final never written, so a
+ * dump whose producer ignored an error never appears at <path>. */
 int fs_dump_close(fs_dump *d, fs_err *e);
 /* Closes and deletes the temporary. Frees d. Safe on NULL. */
 void fs_dump_abort(fs_dump *d);

@@ -26,7 +26,9 @@
 #include "fs_model.h"
 #include "fs_pipeline.h"
 #include "fs_sampler.h"
+#include "fs_select.h"
 #include "fs_sink.h"
+#include "fo_diff.h"
 #include "fo_dump.h"
 
 #define FLUX_SIM_VERSION FS_VERSION
@@ -53,7 +55,7 @@ static void usage(FILE *f)
             "  --stream M            on: hold only the block being computed (its parameters made from the\n"
             "                        checkpoint or generator before it, freed after; bit-identical, memory of\n"
             "                        one block instead of all); off: hold every parameter; auto: on when a\n"
-            "                        rank's block parameters exceed 2 GiB [auto]\n"
+            "                        rank's block parameters exceed 2 GiB [auto]; --no-stream = --stream off\n"
             "\n"
             "Inputs:\n"
             "  --inputs DUMP.h5      replay the config, inputs, sigmas and timesteps of a flux-dump (e.g. one\n"
@@ -90,6 +92,10 @@ static void usage(FILE *f)
             "\n"
             "Output:\n"
             "  --dump OUT.h5         write every module output of every step (flux-dump v1)\n"
+            "  --dump-modules G[,G]  record only the modules whose names match one of these globs (fnmatch:\n"
+            "                        'single_transformer_blocks.37.*,proj_out'; each step keeps latents_in and\n"
+            "                        latents_out) — in the dumps and in --check, on both sides [all]\n"
+            "  --dump-steps LIST     record only these steps: 0,2-3 [all]\n"
             "  --dump-per-rank DIR   also write DIR/rank_<r>.h5 per rank: its local view (replicated tensors in\n"
             "                        full, shards as held) with the `parallel` attribute (rank, sharding), for\n"
             "                        flux-oracle consistency\n"
@@ -107,7 +113,7 @@ static void usage(FILE *f)
 
 typedef struct opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
-        *backend, *lse_layout, *match, *ar_order, *stream;
+        *backend, *lse_layout, *match, *ar_order, *stream, *dump_modules, *dump_steps;
     int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
@@ -141,7 +147,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -160,7 +166,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
         {"backend", required_argument, 0, O_BACKEND}, {"lse-layout", required_argument, 0, O_LSE},
         {"match", required_argument, 0, O_MATCH},     {"allreduce-order", required_argument, 0, O_AR_ORDER},
-        {"stream", required_argument, 0, O_STREAM},
+        {"stream", required_argument, 0, O_STREAM},   {"no-stream", no_argument, 0, O_NO_STREAM},
+        {"dump-modules", required_argument, 0, O_DUMP_MODULES}, {"dump-steps", required_argument, 0, O_DUMP_STEPS},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -195,6 +202,9 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             if (strcmp(optarg, "auto") && strcmp(optarg, "on") && strcmp(optarg, "off"))
                 rc = fs_errf(e, FS_E_INPUT, "--stream: '%s' is not auto, on or off", optarg);
             break;
+        case O_NO_STREAM: o->stream = "off"; break;
+        case O_DUMP_MODULES: o->dump_modules = optarg; break;
+        case O_DUMP_STEPS: o->dump_steps = optarg; break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
         case O_GRID:
@@ -278,6 +288,9 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         return fs_errf(e, FS_E_INPUT, "--match bf16 is the high-precision reference of a bf16 run: use it with --precision "
                                       "fp64 (or fp32), not bf16");
     if (o->brk && !o->check) return fs_errf(e, FS_E_INPUT, "--break-on-divergence needs --check");
+    if ((o->dump_modules || o->dump_steps) && !o->dump && !o->dump_per_rank && !o->check)
+        return fs_errf(e, FS_E_INPUT, "%s selects what is recorded, but nothing records: add --dump, --dump-per-rank or --check",
+                       o->dump_modules ? "--dump-modules" : "--dump-steps");
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
                                       "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler");
@@ -367,8 +380,9 @@ static void note_bf16_replay(const opts *o, fs_dtype dt)
  * weights and inputs promoted exactly to float64, the timesteps and guidance a bf16 transformer
  * embeds — so every tensor is judged by the measured bf16 arbiter rule (docs/bf16.md). */
 static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_inputs *in, fs_backend *be, fs_check *check,
-                                fs_err *e)
+                                const fs_select *sel, fs_err *e)
 {
+    fs_select_filter f;
     fs_inputs tin = {0};
     fs_weights wb = {0};
     fs_tensor rl = {0};
@@ -378,15 +392,40 @@ static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_in
     if (!rc) rc = fs_weights_set_dtype(w, FS_F64, e); /* made in bf16, promoted exactly */
     if (!rc) rc = fs_weights_on(w, be, &wb, e);
     if (!rc) {
+        fs_select_filter_init(&f, sel, fs_check_truth_recorder(check), fs_check_truth_hooks(check));
         fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .stream = w->streaming ? w : NULL, .be = be,
-                          .rec = fs_check_truth_recorder(check), .match_bf16 = 1};
-        fs_step_hooks h = fs_check_truth_hooks(check);
+                          .rec = fs_select_filter_recorder(&f), .match_bf16 = 1};
+        fs_step_hooks h = fs_select_filter_hooks(&f);
         rc = fs_sample(&truth, &tin, &h, &rl, e);
     }
     fs_tensor_free(&rl);
     fs_weights_free(&wb);
     if (!rc) rc = fs_weights_set_dtype(w, FS_BF16, e); /* back, for this rank's parallel run */
     fs_inputs_free(&tin);
+    return rc;
+}
+
+/* --inputs of a dump whose producer did not finish (crashed, killed, disk full) is refused: its
+ * inputs may be whole, but a replay is compared with that dump next, and half a run is not what
+ * the user thinks they are replaying (docs/dump-format.md, completeness). */
+static int inputs_complete(const char *path, fs_err *e)
+{
+    fo_file *f = NULL;
+    fo_completeness c;
+    int rc = fo_file_open(&f, path, e);
+    if (!rc) rc = fo_file_completeness(f, &c, e);
+    if (!rc && !c.complete)
+        rc = fs_errf(e, FS_E_INPUT, "--inputs %s: partial dump (its producer did not finish): %s", path, c.reason);
+    fo_file_close(f);
+    return rc;
+}
+
+/* A narrowed recording says so (docs/dump-format.md): root `recorded_steps`, each step's
+ * `recorded_modules`, so a reader tells a module left out on purpose from a missing one. */
+static int declare_selection(fs_dump *d, const char *modules, const char *steps, fs_err *e)
+{
+    int rc = fs_dump_set_recorded_modules(d, modules, e);
+    if (!rc) rc = fs_dump_set_attr_string(d, "recorded_steps", steps, e);
     return rc;
 }
 
@@ -408,8 +447,16 @@ static int run(const opts *o, fs_err *e)
     fs_check *check = NULL;
     fs_sink *sink = NULL;
     fs_backend *be = NULL;
+    fs_select sel = {0};
+    fs_select_filter fsink, fref;
+    char decl_modules[600], decl_steps[300];
     int rc = FS_OK;
     memset(&cfg, 0, sizeof cfg);
+
+    /* what is recorded (--dump-modules, --dump-steps): every rank parses the same options */
+    if ((rc = fs_select_parse(&sel, o->dump_modules, o->dump_steps, e))) return rc;
+    fs_select_modules_decl(&sel, decl_modules, sizeof decl_modules);
+    fs_select_steps_decl(&sel, decl_steps, sizeof decl_steps);
 
     /* 0. the backend every activation lives in */
     rc = fs_backend_open(o->backend, &be, e);
@@ -423,7 +470,8 @@ static int run(const opts *o, fs_err *e)
             /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
             char what[600] = "";
             fs_config want = cfg;
-            if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && o->config) {
+            if (!(rc = inputs_complete(o->inputs, e)) && !(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) &&
+                o->config) {
                 snprintf(what, sizeof what, "--config %s", o->config);
                 rc = load_config(o->config, NULL, &want, e);
             } else if (!rc && o->weights) {
@@ -449,6 +497,10 @@ static int run(const opts *o, fs_err *e)
     fs_bcast(world, 0, &cfg, sizeof cfg);
     rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e);
     if (rc) end_job(world, e); /* the others are inside the broadcasts */
+    if (!sel.steps.all && sel.steps.v[sel.steps.n - 1] >= in.n_steps) /* every rank has both */
+        rc = fs_errf(e, FS_E_INPUT, "--dump-steps %s: this run has %d step%s (0-%d)", decl_steps, in.n_steps,
+                     in.n_steps == 1 ? "" : "s", in.n_steps - 1);
+    if ((rc = agree(world, rc, e))) goto out;
 
     /* 2. layout and plan */
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
@@ -510,6 +562,7 @@ static int run(const opts *o, fs_err *e)
         if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
             rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
         if (!rc && o->match) rc = fs_dump_set_attr_string(dump, "matched_to", "bfloat16", e); /* as the reference's */
+        if (!rc && !fs_select_all(&sel)) rc = declare_selection(dump, decl_modules, decl_steps, e);
     }
     if (!rc && o->dump_per_rank) {
         char path[1024], lprod[400];
@@ -520,6 +573,7 @@ static int run(const opts *o, fs_err *e)
         if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, lprod, e)) &&
             !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
             rc = fs_dump_set_attr_string(local, "weights", w.source, e);
+        if (!rc && local && !fs_select_all(&sel)) rc = declare_selection(local, decl_modules, decl_steps, e);
     }
     if (o->check) {
         fs_check_tol tol = fs_check_default_tol(dt);
@@ -548,16 +602,17 @@ static int run(const opts *o, fs_err *e)
     /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
      *    cuts its weights to its TP shard like every other rank */
     if (ref_in_job && root) {
-        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_check_ref_recorder(check),
+        fs_select_filter_init(&fref, &sel, fs_check_ref_recorder(check), fs_check_ref_hooks(check));
+        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_select_filter_recorder(&fref),
                         .match_bf16 = o->match != NULL};
-        fs_step_hooks h = fs_check_ref_hooks(check);
+        fs_step_hooks h = fs_select_filter_hooks(&fref);
         fs_tensor rl = {0};
         t0 = now();
         ref.stream = w.streaming ? &w : NULL;
         if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
         fs_tensor_free(&rl);
         fs_weights_free(&wb);
-        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, e);
+        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, &sel, e);
         if (!rc && tp > 1 && fused) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
         else if (!rc && tp > 1) rc = fs_weights_resplit(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
@@ -571,8 +626,9 @@ static int run(const opts *o, fs_err *e)
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
-    if (recording) m.rec = fs_sink_recorder(sink);
-    fs_step_hooks hooks = fs_sink_hooks(sink);
+    fs_select_filter_init(&fsink, &sel, recording ? fs_sink_recorder(sink) : (fs_recorder){0}, fs_sink_hooks(sink));
+    m.rec = fs_select_filter_recorder(&fsink);
+    fs_step_hooks hooks = fs_select_filter_hooks(&fsink);
     t0 = now();
     fs_comm_stats_reset();
     rc = fs_sample(&m, &in, &hooks, &lat, e);
@@ -589,9 +645,10 @@ static int run(const opts *o, fs_err *e)
         fflush(stdout);
     }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    if (rc && world->size > 1) end_job(world, e);
+    if (rc && world->size > 1 && !fs_check_agreed_error(check)) end_job(world, e);
     if (rc) goto out;
-    rc = fs_sink_finish(sink, plan.source, &lat, e);
+    if (check) rc = fs_check_finish(check, e);
+    if (!rc) rc = fs_sink_finish(sink, plan.source, &lat, e);
     if (!rc && fs_injected(&o->inject, FS_INJ_NAN_RANK) && !fs_allreduce_max_int(world, fs_inject_nan_fired))
         rc = fs_errf(e, FS_E_INPUT, "--inject nan-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
                                     "step %d in this run (module paths as in a dump's `order`)",
@@ -637,6 +694,7 @@ out:
     fs_par_free(&par);
     fs_plan_free(&plan);
     fs_backend_close(be);
+    fs_select_free(&sel);
     return rc;
 }
 

@@ -727,6 +727,7 @@ static void test_layout(void **state)
     assert_int_equal(fs_dump_begin_step(d, 0, 1, 1, 0.5, &e), 0);
     assert_int_equal(fs_dump_record(d, "a", &t, &e), 0);
     assert_int_equal(fs_dump_end_step(d, &e), 0);
+    assert_int_equal(fs_dump_write_final(d, &t, &e), 0);
     if (fs_dump_close(d, &e)) fail_msg("%s", e.msg);
     layout_of(path, "/step_0000/a", &l, &nf);
     assert_int_equal(l, H5D_CONTIGUOUS);
@@ -740,6 +741,24 @@ static void test_layout(void **state)
     expect_dataset(f, &ds, "/step_0000/a", &r, 7);
     assert_false(fo_is_group(f, "/inputs")); /* written without inputs */
     fo_dataset_free(&ds);
+    fo_file_close(f);
+
+    /* the completeness marker is written last, and only by a close that publishes: a dump
+     * without /final is refused and leaves nothing; a finished one reads complete */
+    d = start(path);
+    assert_int_equal(fs_dump_set_attr_int(d, "complete", 1, &e), FS_E_INTERNAL); /* the writer's own */
+    assert_int_equal(fs_dump_begin_step(d, 0, 1, 1, 0.5, &e), 0);
+    assert_int_equal(fs_dump_record(d, "a", &t, &e), 0);
+    assert_int_equal(fs_dump_end_step(d, &e), 0);
+    unlink(path);
+    assert_int_equal(fs_dump_close(d, &e), FS_E_INTERNAL);
+    assert_non_null(strstr(e.msg, "/final was never written"));
+    assert_int_equal(access(path, F_OK), -1);
+    write_sample(path, 0);
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+    fo_completeness c;
+    if (fo_file_completeness(f, &c, &e)) fail_msg("%s", e.msg);
+    assert_true(c.complete && c.has_marker);
     fo_file_close(f);
     fs_tensor_free(&t);
 }
