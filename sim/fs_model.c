@@ -815,10 +815,20 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     TRY(rec_sharded(c, &t[COS], ST_JOINT, 0, REPL, "pos_embed#0"));
     TRY(rec_sharded(c, &t[SIN], ST_JOINT, 0, REPL, "pos_embed#1"));
 
-    for (int i = 0; i < cf->num_layers; i++) TRY(double_block(c, i, &t[X], &t[CX], &t[TEMB], &t[COS], &t[SIN]));
+    const int nblk = cf->num_layers + cf->num_single_layers;
+#define PROGRESS(done) \
+    if (m->on_block) m->on_block(m->on_block_ctx, m->step, (done), nblk)
+    for (int i = 0; i < cf->num_layers; i++) {
+        TRY(double_block(c, i, &t[X], &t[CX], &t[TEMB], &t[COS], &t[SIN]));
+        PROGRESS(i + 1);
+    }
 
     TRY(cat_seq(c, &t[CX], &t[X], &t[H]));
-    for (int i = 0; i < cf->num_single_layers; i++) TRY(single_block(c, i, &t[H], &t[TEMB], &t[COS], &t[SIN]));
+    for (int i = 0; i < cf->num_single_layers; i++) {
+        TRY(single_block(c, i, &t[H], &t[TEMB], &t[COS], &t[SIN]));
+        PROGRESS(cf->num_layers + i + 1);
+    }
+#undef PROGRESS
     fs_tensor_free(&t[X]);
     TRY(slice_seq(c, &t[H], c->S_txt, c->S_img, &t[X]));
 

@@ -28,6 +28,10 @@ typedef struct fs_model {
                           (docs/bf16.md) */
     const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
                           rank's tokens (see fs_par.h) and TP follows par->plan. */
+    /* called after each block with the blocks done of this forward and their total (double +
+     * single), for progress reports (fs_progress.h); NULL: none */
+    void (*on_block)(void *ctx, int step, int done, int total);
+    void *on_block_ctx;
 } fs_model;
 
 /* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],

@@ -26,6 +26,7 @@
 #include "fs_model.h"
 #include "fs_pipeline.h"
 #include "fs_sampler.h"
+#include "fs_progress.h"
 #include "fs_select.h"
 #include "fs_sink.h"
 #include "fo_diff.h"
@@ -380,7 +381,7 @@ static void note_bf16_replay(const opts *o, fs_dtype dt)
  * weights and inputs promoted exactly to float64, the timesteps and guidance a bf16 transformer
  * embeds — so every tensor is judged by the measured bf16 arbiter rule (docs/bf16.md). */
 static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_inputs *in, fs_backend *be, fs_check *check,
-                                const fs_select *sel, fs_err *e)
+                                const fs_select *sel, fs_progress *prog, fs_err *e)
 {
     fs_select_filter f;
     fs_inputs tin = {0};
@@ -394,9 +395,12 @@ static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_in
     if (!rc) {
         fs_select_filter_init(&f, sel, fs_check_truth_recorder(check), fs_check_truth_hooks(check));
         fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .stream = w->streaming ? w : NULL, .be = be,
-                          .rec = fs_select_filter_recorder(&f), .match_bf16 = 1};
+                          .rec = fs_select_filter_recorder(&f), .match_bf16 = 1,
+                          .on_block = fs_progress_block, .on_block_ctx = prog};
         fs_step_hooks h = fs_select_filter_hooks(&f);
+        fs_progress_begin(prog, "matched fp64 truth", tin.n_steps);
         rc = fs_sample(&truth, &tin, &h, &rl, e);
+        fs_progress_end(prog);
     }
     fs_tensor_free(&rl);
     fs_weights_free(&wb);
@@ -449,6 +453,8 @@ static int run(const opts *o, fs_err *e)
     fs_backend *be = NULL;
     fs_select sel = {0};
     fs_select_filter fsink, fref;
+    fs_progress prog; /* rank 0's progress lines on stderr; every rank times its steps */
+    fs_progress_init(&prog, quiet ? NULL : stderr);
     char decl_modules[600], decl_steps[300];
     int rc = FS_OK;
     memset(&cfg, 0, sizeof cfg);
@@ -470,7 +476,8 @@ static int run(const opts *o, fs_err *e)
             /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
             char what[600] = "";
             fs_config want = cfg;
-            if (!(rc = inputs_complete(o->inputs, e)) && !(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) &&
+            /* the inputs first: a file with no /inputs is named as such, not as a partial dump */
+            if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && !(rc = inputs_complete(o->inputs, e)) &&
                 o->config) {
                 snprintf(what, sizeof what, "--config %s", o->config);
                 rc = load_config(o->config, NULL, &want, e);
@@ -604,15 +611,17 @@ static int run(const opts *o, fs_err *e)
     if (ref_in_job && root) {
         fs_select_filter_init(&fref, &sel, fs_check_ref_recorder(check), fs_check_ref_hooks(check));
         fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_select_filter_recorder(&fref),
-                        .match_bf16 = o->match != NULL};
+                        .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &prog};
         fs_step_hooks h = fs_select_filter_hooks(&fref);
         fs_tensor rl = {0};
         t0 = now();
         ref.stream = w.streaming ? &w : NULL;
+        fs_progress_begin(&prog, "single-rank reference", in.n_steps);
         if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
+        fs_progress_end(&prog);
         fs_tensor_free(&rl);
         fs_weights_free(&wb);
-        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, &sel, e);
+        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, &sel, &prog, e);
         if (!rc && tp > 1 && fused) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
         else if (!rc && tp > 1) rc = fs_weights_resplit(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
@@ -622,7 +631,7 @@ static int run(const opts *o, fs_err *e)
 
     /* 6. the run in this layout */
     fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .stream = w.streaming ? &w : NULL, .be = be, .par = &par,
-                  .match_bf16 = o->match != NULL};
+                  .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &prog};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
@@ -631,7 +640,9 @@ static int run(const opts *o, fs_err *e)
     fs_step_hooks hooks = fs_select_filter_hooks(&fsink);
     t0 = now();
     fs_comm_stats_reset();
+    fs_progress_begin(&prog, world->size > 1 ? "parallel run" : "run", in.n_steps);
     rc = fs_sample(&m, &in, &hooks, &lat, e);
+    fs_progress_end(&prog);
     double t_run = now() - t0;
     if (o->comm_stats && (rc == FS_OK || rc == FS_DIVERGED)) {
         fs_comm_stats cs;
@@ -676,6 +687,11 @@ static int run(const opts *o, fs_err *e)
         fs_tensor_free(&hl);
         printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", t_run,
                t_run / in.n_steps, s / n, sqrt(s2 / n - (s / n) * (s / n)), (long long)bad);
+        char steps[160];
+        double rss, peak;
+        fs_mem_rss(&rss, &peak);
+        printf("  per step: %s; rank 0 peak RSS %.2f GiB\n", fs_progress_step_summary(&prog, steps, sizeof steps),
+               peak / 1073741824.0);
         printf("  weights held: %.1f MiB at most on a rank (%s; views into a checkpoint not counted)\n",
                wpeak / 1048576.0, w.streaming ? "streamed block by block" : "every parameter resident");
         if (o->dump) printf("  dump: %s\n", o->dump);
@@ -695,6 +711,7 @@ out:
     fs_plan_free(&plan);
     fs_backend_close(be);
     fs_select_free(&sel);
+    fs_progress_free(&prog);
     return rc;
 }
 
@@ -734,6 +751,7 @@ int main(int argc, char **argv)
 {
     opts o;
     fs_err e = {0};
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a log sees each line when it is printed, not at exit */
     int rc = fs_comm_init(&argc, &argv, &e);
     if (rc) {
         fprintf(stderr, "flux-sim: error: %s\n", e.msg);
