@@ -75,8 +75,9 @@ static int whole(const fs_param_desc *d, const fs_tp_split *s)
     return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
 }
 
-/* The old bulk path (before fs_rng_fast.c / fs_weights_synth.c): libm per pair, the scale per
- * element, one thread. Kept as the reference the fast path is measured and tested against. */
+/* The scalar reference of fs_weights_synthetic_fill: fs_rng_normal element by element (the
+ * plain scalar loop, fs_rng_normal_fill_scalar), the scale per element, one thread. What the
+ * fast path is tested against (tests/test_rng.c, tools/bench_synth.c). */
 void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                       void *out)
 {

@@ -1,5 +1,5 @@
-/* fs_weights_synth.c — synthetic weight values in bulk: fs_rng_normal_fill (vectorised, see
- * fs_rng_fast.c) plus the scaling of fs_weights_synthetic_value, threaded over blocks.
+/* fs_weights_synth.c — synthetic weight values in bulk: fs_rng_normal_fill (the vectorised
+ * normals of fs_rng.c) plus the scaling of fs_weights_synthetic_value, threaded over blocks.
  *
  * Bit-identity with fs_weights_synthetic_value (fs_weights.c), which is the definition:
  *   Linear weight  z / sqrt((double)in)   (a division: z * (1/sqrt(in)) would differ)
@@ -63,7 +63,6 @@ void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t fi
     const uint64_t key = fs_rng_key(seed, d->name);
     const double s = d->kind == FS_PARAM_LINEAR_W ? sqrt((double)d->shape[1]) : 0.0;
     const int64_t nblk = (count + SYNTH_BLOCK - 1) / SYNTH_BLOCK;
-    fs_rng_fast_enabled(); /* decide the RNG path once, before the threads start */
     /* Blocks are independent (the RNG is addressed by element), so any split over threads gives
      * the same values. Serial when already inside a parallel region (a caller's own threads). */
 #pragma omp parallel for schedule(static) if (nblk > 1 && !omp_in_parallel())
