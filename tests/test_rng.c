@@ -73,28 +73,32 @@ static void test_synthetic_fill_vs_value(void **state)
     enum { W = 40001 };
     float *f = malloc(W * sizeof *f);
     double *d = malloc(W * sizeof *d);
+    uint16_t *h = malloc(W * sizeof *h);
+    assert_non_null(h);
     int64_t checked = 0;
     for (size_t i = 0; i < FS_ARRAY_LEN(names); i++) {
         int k = fs_param_find(p, np, names[i]);
         assert_true(k >= 0);
         const int64_t numel = p[k].shape[0] * (p[k].ndim == 2 ? p[k].shape[1] : 1);
         const int64_t len = numel < W ? numel : W;
-        const int64_t starts[] = {0, numel / 2 - len / 2 + 1, numel - len};
-        for (size_t s = 0; s < 3; s++) {
+        const int64_t starts[] = {0, 1, numel / 2 - len / 2 + 1, numel / 2 - len / 2, numel - len};
+        for (size_t s = 0; s < FS_ARRAY_LEN(starts); s++) {
             const int64_t a = starts[s] < 0 ? 0 : starts[s], m = numel - a < len ? numel - a : len;
             fs_weights_synthetic_fill(&p[k], 77, a, m, FS_F32, f);
             fs_weights_synthetic_fill(&p[k], 77, a, m, FS_F64, d);
+            fs_weights_synthetic_fill(&p[k], 77, a, m, FS_BF16, h);
             for (int64_t j = 0; j < m; j++) {
                 const double v = fs_weights_synthetic_value(&p[k], 77, a + j);
                 const float vf = (float)v;
-                if (!same_bits(&d[j], &v, sizeof v) || !same_bits(&f[j], &vf, sizeof vf))
-                    fail_msg("%s element %lld: fill gives %a / %a (f32), fs_weights_synthetic_value %a", names[i],
-                             (long long)(a + j), d[j], (double)f[j], v);
+                const uint16_t vh = fs_bf16_from_float(vf);
+                if (!same_bits(&d[j], &v, sizeof v) || !same_bits(&f[j], &vf, sizeof vf) || h[j] != vh)
+                    fail_msg("%s element %lld: fill gives %a / %a (f32) / 0x%04x (bf16), fs_weights_synthetic_value %a",
+                             names[i], (long long)(a + j), d[j], (double)f[j], h[j], v);
             }
             checked += m;
         }
     }
-    fprintf(stderr, "    %lld elements equal fs_weights_synthetic_value (fp32 and fp64)\n", (long long)checked);
+    fprintf(stderr, "    %lld elements equal fs_weights_synthetic_value (fp32, fp64 and bf16)\n", (long long)checked);
 
     /* a whole 3072x3072 weight: scalar reference == vector path at 1 thread == at 2 threads */
     const int k = fs_param_find(p, np, "single_transformer_blocks.0.attn.to_k.weight");
@@ -118,6 +122,7 @@ static void test_synthetic_fill_vs_value(void **state)
     free(n2);
     free(f);
     free(d);
+    free(h);
     free(p);
 }
 
