@@ -162,7 +162,8 @@ expect 0 "all 276 datasets with values finite" "stats on the reference" -- stats
 expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel 0.001 > mtol" "1e-3 perturbation of the largest element (fp32): caught by max rel, not by rel L2" -- diff -q "$T/perturb32.h5" "$R32"
 expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: rel L2" "1e-3 perturbation of a median element (fp64 defaults)" -- diff -q "$T/perturb64_typical.h5" "$R64"
 expect 0 "PASS" "1e-3 perturbation of a median element is below float32 noise for fixed tolerances (documented)" -- diff -q "$T/perturb32_typical.h5" "$R32"
-expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel vs truth" "... but --truth fp64 catches it" -- diff -q "$R32" "$T/perturb32_typical.h5" --truth "$R64"
+# --truth: A is the candidate (the perturbed file), B the baseline (the clean fp32 dump), since 94a5894
+expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel vs truth" "... but --truth fp64 catches it" -- diff -q "$T/perturb32_typical.h5" "$R32" --truth "$R64"
 expect 1 "DIVERGE at step 1 transformer_blocks.0#1: shape mismatch: A [1, 63, 128] vs B [1, 64, 128]" "changed shape" -- diff -q "$T/shape.h5" "$R32"
 expect 1 "DIVERGE at step 2 single_transformer_blocks.2#1: NaN in A where B is finite" "one NaN" -- diff -q "$T/nan.h5" "$R32"
 expect 1 "at (0, 5, 7) (batch 0, image token 5, channel 7)" "NaN located in words" -- diff -q "$T/nan.h5" "$R32"
