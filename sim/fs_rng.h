@@ -5,51 +5,57 @@
  * its shard, bit-identical to the same rows of the full tensor, without materialising the rest.
  *
  * THE DEFINITION (fs_rng v2). It is exact: every step is an integer operation on uint64 (mod 2^64)
- * or one IEEE 754 binary64 operation rounded to nearest even (+, -, *, /, sqrt, floor, and sign
- * or exponent bit manipulations); no libm, no fused multiply-add, evaluated in exactly the order
- * written (parentheses as shown, left to right otherwise). So any IEEE implementation — the
- * vector path here, a GPU kernel, tools/fs_rng_ref.py (numpy) — reproduces the bits. Hex float
- * constants are exact doubles (C99 %a notation); tools/rng_coeffs.py derives them.
+ * or one IEEE 754 binary64 operation rounded to nearest even (+, -, *, /, sqrt, a conversion
+ * that is exact, or a sign/exponent bit manipulation); no libm, no fused multiply-add, no excess
+ * precision, evaluated in exactly the order written (parentheses as shown). So any IEEE
+ * implementation — the vector loops here, a GPU kernel, tools/fs_rng_ref.py (numpy) —
+ * reproduces the bits. Hex constants are exact doubles (C99 %a notation), derived by
+ * tools/rng_coeffs.py.
  *
- *   mix(z)    = z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb;
- *               z ^ (z >> 31)                                        (SplitMix64's finaliser)
- *   key(seed, name) = mix(h ^ mix(seed + 0x9e3779b97f4a7c15)), h = FNV-1a 64 of the name's bytes
- *               (offset 0xcbf29ce484222325, prime 0x100000001b3)
- *   element i belongs to pair k = i >> 1; H = mix(key ^ (k * 0x9e3779b97f4a7c15))
- *   x_l = mix(H + l * 0xd1b54a32d192ed03 + 1)  for lane l = 0, 1
- *   u_l = (double(x_l >> 11) + 0.5) * 0x1p-53   (double(m) exact: m < 2^53; u in (0, 1))
- *
- *   L = ln(u_0):  b = bits of u_0; E = b >> 52 (as a double); m1 = the double with exponent
- *               field 1023 and u_0's 52 mantissa bits ([1, 2));
- *               if m1 > 0x1.6a09e667f3bcdp+0:  m = 0.5 * m1, e = E - 1022   else m = m1, e = E - 1023
- *               f = m - 1;  s = f / (2 + f);  z = s * s;
- *               R = z * (T0 + z*(T1 + z*(T2 + z*(T3 + z*(T4 + z*(T5 + z*T6))))))
- *               h = (0.5 * f) * f
- *               L = e*LN2_HI - ((h - (s*(h + R) + e*LN2_LO)) - f)
+ *   mix(z)  = z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb;
+ *             return z ^ (z >> 31)                                   (SplitMix64's finaliser)
+ *   key(seed, name) = mix(h ^ mix(seed + 0x9e3779b97f4a7c15)),
+ *             h = FNV-1a 64 of the name's bytes (offset 0xcbf29ce484222325, prime 0x100000001b3)
+ *   element i belongs to pair k = i >> 1;   H = mix(key ^ (k * 0x9e3779b97f4a7c15))
+ *   x_l = mix(H + l * 0xd1b54a32d192ed03 + 1)                        for lane l = 0, 1
+ *   u_l = (double(x_l >> 11) + 0.5) * 0x1p-53     (double(m) is exact, m < 2^53; u in (0, 1);
+ *                                                  the + rounds when m >= 2^52)
+ *   L = ln(u_0):
+ *     b = the 64 bits of u_0;  E = double(b >> 52)  (the biased exponent)
+ *     m1 = the double with bits (b & 0x000fffffffffffff) | 0x3ff0000000000000   (in [1, 2))
+ *     if m1 > 0x1.6a09e667f3bcdp+0 (= RN(sqrt 2)):  m = 0.5 * m1;  e = E - 1022
+ *     else:                                         m = m1;        e = E - 1023
+ *     f = m - 1;  s = f / (2 + f);  z = s * s
+ *     R = z * (T0 + z * (T1 + z * (T2 + z * (T3 + z * (T4 + z * (T5 + z * T6))))))
+ *     L = e * LN2_HI + (e * LN2_LO + ((s + s) + s * R))
  *   r = sqrt(-2 * L)
- *   C2, S2 = cos(2 pi u_1), sin(2 pi u_1):
- *               t8 = 8 * u_1; kd = floor(t8); f = t8 - kd; k = (int)kd (0..7)
- *               g = (k odd) ? 1 - f : f;  t = g * g
- *               S = g * (P0 + t*(P1 + t*(P2 + t*(P3 + t*(P4 + t*(P5 + t*P6))))))
- *               C = 1 + t * (Q0 + t*(Q1 + t*(Q2 + t*(Q3 + t*(Q4 + t*(Q5 + t*Q6))))))
- *               k   :  0   1   2   3   4   5   6   7
- *               C2  :  C   S  -S  -C  -C  -S   S   C     (negation = sign-bit flip, also of 0)
- *               S2  :  S   C   C   S  -S  -C  -C  -S
- *   normal(key, 2k) = r * C2,   normal(key, 2k + 1) = r * S2
+ *   (C2, S2) = (cos 2 pi u_1, sin 2 pi u_1):
+ *     t8 = 8 * u_1;  k = floor(t8) (0..7);  f = t8 - k
+ *     g = (k odd) ? 1 - f : f;  t = g * g
+ *     S = g * (P0 + t * (P1 + t * (P2 + t * (P3 + t * (P4 + t * (P5 + t * P6))))))   sin(pi/4 g)
+ *     C = sqrt(1 - S * S)                                                          cos(pi/4 g)
+ *     k  :  0   1   2   3   4   5   6   7
+ *     C2 :  C   S  -S  -C  -C  -S   S   C         (- is a sign-bit flip, -0 included)
+ *     S2 :  S   C   C   S  -S  -C  -C  -S
+ *   normal(key, 2k) = r * C2;   normal(key, 2k + 1) = r * S2
  *
- *   LN2_HI 0x1.62e42fee00000p-1        LN2_LO 0x1.a39ef35793c76p-33
- *   T0..T6 0x1.5555555555558p-1  0x1.99999999952d7p-2  0x1.2492492df281ap-2  0x1.c71c62e3f11e6p-3
- *          0x1.7462b51cb66b1p-3  0x1.39fe51a7c18f9p-3  0x1.2b5900de53b32p-3
- *   P0..P6 0x1.921fb54442d18p-1 -0x1.4abbce625be41p-4  0x1.466bc677587f8p-9 -0x1.32d2cce2e5b19p-15
- *          0x1.50782fda12d96p-22 -0x1.e30071afc3e59p-30  0x1.e3f38399551bfp-38
- *   Q0..Q6 -0x1.3bd3cc9be45dep-2  0x1.03c1f081b5ac0p-6 -0x1.55d3c7e3cb241p-12  0x1.e1f5068688d5bp-19
- *          -0x1.a6d1eef479be1p-26  0x1.f9ce245cada0bp-34 -0x1.b2f3eb054afcdp-42
+ *   LN2_HI = 0x1.62e42fee00000p-1 (ln 2 truncated to 32 bits)   LN2_LO = 0x1.a39ef35793c76p-33
+ *   T0..T6 = 0x1.5555555555558p-1  0x1.99999999952d7p-2  0x1.2492492df281ap-2  0x1.c71c62e3f11e6p-3
+ *            0x1.7462b51cb66b1p-3  0x1.39fe51a7c18f9p-3  0x1.2b5900de53b32p-3
+ *   P0..P6 = 0x1.921fb54442d18p-1 -0x1.4abbce625be41p-4  0x1.466bc677587f8p-9 -0x1.32d2cce2e5b19p-15
+ *            0x1.50782fda12d96p-22 -0x1.e30071afc3e59p-30  0x1.e3f38399551bfp-38
  *
- * Accuracy (measured by tools/bench_rng_ulp.c against glibc's libm, docs/scale.md): L, S2 and
- * C2 are within a few ulp of the true ln, sin and cos; the normals are the Box-Muller normals of
- * the same uniforms to within a few ulp. The bulk path pays one log/sqrt/sincos per two elements
- * while any single element stays addressable. (fs_rng v1, before, called libm's log, sin and
- * cos, whose last bits depend on the libm.) */
+ * Every multiplication by 0.5, 8 or 2^-53 above is exact, and so are m1, f = m - 1 (Sterbenz),
+ * e * LN2_HI (|e| < 2^21), k, f = t8 - k and 1 - f (u_1 is a multiple of 2^-54): an
+ * implementation may compute those differently (fs_rng_kernel.h does) as long as the values are
+ * these. T is a degree-6 fit of (2 atanh(sqrt z)/sqrt z - 2)/z on [0, 0.02944] (log1p(f) =
+ * 2 atanh(s) = 2s + s z T(z)), P of sin(pi/4 sqrt t)/sqrt t on [0, 1]. Accuracy, measured over
+ * 10^8 pairs of the generator's own uniforms (tools/bench_rng_accuracy.c, docs/scale.md), largest
+ * errors: L 1.46 ulp from ln u_0; C2 2.24 and S2 2.20 ulp from cos/sin(2 pi u_1); the normals
+ * 4.05 ulp from the exact Box-Muller transform of the same uniforms (99.7 % within 2 ulp).
+ *
+ * fs_rng v1, before, used glibc's log, sin(RN(2 pi u)), cos(RN(2 pi u)): the uniforms and the pair
+ * structure are the same, the normals differ by a few ulp (fp32 weights almost never change). */
 #ifndef FS_RNG_H
 #define FS_RNG_H
 

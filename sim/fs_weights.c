@@ -137,7 +137,7 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
         if ((rc = fs_weights_shard_of(d, plan, c, T, t, inj, &sh, e))) break;
         shape[0] = sh.r1 - sh.r0;
         shape[1] = fs_tp_split_cols(&sh);
-        if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) {
+        if ((rc = fs_tensor_alloc_uninit(&w->t[i], dt, d->ndim, shape, e))) { /* fill_synthetic writes it all */
             fs_err_prefix(e, "synthetic weight %s: ", d->name);
             break;
         }

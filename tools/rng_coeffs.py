@@ -3,16 +3,17 @@
 
 Run: /usr/bin/python3 tools/rng_coeffs.py   (needs mpmath: Debian python3-mpmath)
 
-Prints the constants as C99 hex floats, exactly as sim/fs_rng.c and tools/fs_rng_ref.py hold
-them, and the error of each polynomial (coefficients rounded to double, evaluated exactly in
+Prints the constants as C99 hex floats, exactly as sim/fs_rng_kernel.h, sim/fs_rng.h and
+tools/fs_rng_ref.py hold them, and the error of each polynomial (coefficients rounded to double, evaluated exactly in
 200-bit arithmetic, on a 20001-point grid). Nothing here is taken from a libm: the polynomials
 are Chebyshev interpolants (near-minimax) computed by mpmath.chebyfit, degree 6 each, which is
 where their error stops falling and coefficient rounding dominates (the degree table printed
 with --degrees shows it).
 
-  T(z)  = (2 atanh(sqrt z)/sqrt z - 2)/z  on z in [0, ZMAX]   log: R = z*T(z), ZMAX = s_max^2
+  T(z)  = (2 atanh(sqrt z)/sqrt z - 2)/z  on z in [0, ZMAX]   log1p(f) = 2s + s*z*T(z), z = s^2,
+                                                                ZMAX = s_max^2 (1 + 1e-4)
   P(t)  = sin(pi/4 sqrt t)/sqrt t          on t in [0, 1]      sin(pi/4 g) = g*P(g*g)
-  Q1(t) = (cos(pi/4 sqrt t) - 1)/t         on t in [0, 1]      cos(pi/4 g) = 1 + t*Q1(t)
+  (cos(pi/4 g) is sqrt(1 - S*S), no polynomial: see sim/fs_rng.h)
   LN2_HI = ln 2 rounded toward zero to 32 significant bits (e*LN2_HI exact for |e| < 2^21)
   LN2_LO = ln 2 - LN2_HI rounded to nearest
   SQRT2  = sqrt 2 rounded to nearest (the mantissa split threshold)
@@ -48,13 +49,6 @@ def P(t):
     return mp.sin(mp.pi * r / 4) / r
 
 
-def Q1(t):
-    if t == 0:
-        return -((mp.pi / 4) ** 2) / 2
-    r = mp.sqrt(t)
-    return (mp.cos(mp.pi * r / 4) - 1) / t
-
-
 def fit(f, a, b, n):
     c = mp.chebyfit(f, [a, b], n + 1)  # highest degree first
     cd = [dbl(x) for x in c]
@@ -65,8 +59,7 @@ def fit(f, a, b, n):
 
 def main():
     if "--degrees" in sys.argv:
-        for name, f, b, scale in (("T", T, ZMAX, ZMAX / 2), ("P", P, 1, 1 / mp.sin(mp.pi / 4)),
-                                  ("Q1", Q1, 1, 1 / mp.cos(mp.pi / 4))):
+        for name, f, b, scale in (("T", T, ZMAX, ZMAX / 2), ("P", P, 1, 1 / mp.sin(mp.pi / 4))):
             for n in range(4, 9):
                 _, e = fit(f, 0, b, n)
                 print(f"{name} degree {n}: max relative error contributed {mp.nstr(e * scale, 3)}")
@@ -77,8 +70,7 @@ def main():
     print(f"LN2_HI {dbl(hi).hex()}")
     print(f"LN2_LO {dbl(ln2 - hi).hex()}")
     print(f"SQRT2  {dbl(mp.sqrt(2)).hex()}")
-    for name, f, b, scale in (("T", T, ZMAX, ZMAX / 2), ("P", P, 1, 1 / mp.sin(mp.pi / 4)),
-                              ("Q1", Q1, 1, 1 / mp.cos(mp.pi / 4))):
+    for name, f, b, scale in (("T", T, ZMAX, ZMAX / 2), ("P", P, 1, 1 / mp.sin(mp.pi / 4))):
         c, e = fit(f, 0, b, DEG)
         print(f"{name} (degree {DEG}, lowest first; max |poly - f| = {mp.nstr(e, 3)}, "
               f"relative error contributed to the result <= {mp.nstr(e * scale, 3)}):")
