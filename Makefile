@@ -39,12 +39,12 @@ $(B)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-# fs_rng_fast.c repeats glibc's FMA placement operation by operation: the compiler must not fuse
-# any other multiply-add there (see the comment at the top of that file).
-$(B)/sim/fs_rng_fast.o: CFLAGS += -ffp-contract=off
-# fs_weights_synth.c: same reason (1.0 + 0.1*z must stay a multiply and an add in every clone);
-# and -O2's "very cheap" vectoriser cost model leaves its scale loops scalar (3x slower).
-$(B)/sim/fs_weights_synth.o: CFLAGS += -ffp-contract=off -fvect-cost-model=dynamic
+# fs_rng.c and fs_weights_synth.c run fs_rng's exact definition (fs_rng.h, fs_rng_kernel.h):
+# every multiply and add rounded on its own, never fused, whatever the ISA of the clone (and
+# 1.0 + 0.1*z stays a multiply and an add); -fno-math-errno only lets sqrt vectorise (its argument
+# is never negative); -O2's "very cheap" vectoriser cost model would leave their loops scalar.
+RNG_CFLAGS := -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic
+$(B)/sim/fs_rng.o $(B)/sim/fs_weights_synth.o: CFLAGS += $(RNG_CFLAGS)
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@

@@ -25,7 +25,7 @@ static int set_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, 
     return FS_OK;
 }
 
-int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+static int alloc_impl(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, int zero, fs_err *e)
 {
     int rc = set_shape(t, dt, ndim, shape, e);
     if (rc) return rc;
@@ -35,9 +35,19 @@ int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, f
     if (alloc == 0) alloc = 64;
     t->data = aligned_alloc(64, alloc);
     if (!t->data) return fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes", n);
-    memset(t->data, 0, alloc);
+    if (zero) memset(t->data, 0, alloc);
     t->owns = 1;
     return FS_OK;
+}
+
+int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    return alloc_impl(t, dt, ndim, shape, 1, e);
+}
+
+int fs_tensor_alloc_uninit(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    return alloc_impl(t, dt, ndim, shape, 0, e);
 }
 
 int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *e)

@@ -31,6 +31,10 @@ typedef struct fs_tensor {
 
 /* Host tensors, zero-filled, 64-byte aligned. */
 int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
+/* The same without the zero fill: the contents are undefined until written. For callers that write
+ * every element themselves (fs_weights_synthetic_shard), so that the pages are first touched by
+ * the threads that fill them rather than by one memset. */
+int fs_tensor_alloc_uninit(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
 int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *e);
 int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t d2, fs_err *e);
 /* A zero-filled tensor in the memory of `be` (alloc + explicit memset); be NULL is the host. */

@@ -74,8 +74,9 @@ static int whole(const fs_param_desc *d, const fs_tp_split *s)
     return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
 }
 
-/* The old bulk path (before fs_rng_fast.c / fs_weights_synth.c): libm per pair, the scale per
- * element, one thread. Kept as the reference the fast path is measured and tested against. */
+/* The scalar reference of fs_weights_synthetic_fill: fs_rng_normal element by element (the
+ * plain scalar loop, fs_rng_normal_fill_scalar), the scale per element, one thread. What the
+ * fast path is tested against (tests/test_rng.c, tools/bench_synth.c). */
 void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                       void *out)
 {
@@ -137,7 +138,8 @@ static int make_param(fs_weights *w, int i, fs_err *e)
         rc = fs_wload_make(w->load, i, d, &sh, w->make_dtype, &made, e);
     } else {
         int64_t shape[2] = {sh.r1 - sh.r0, fs_tp_split_cols(&sh)};
-        if (!(rc = fs_tensor_alloc(&made, w->make_dtype, d->ndim, shape, e))) fill_synthetic(&made, d, &sh, w->seed);
+        /* uninitialised: fill_synthetic writes every element, and its threads touch the pages first */
+        if (!(rc = fs_tensor_alloc_uninit(&made, w->make_dtype, d->ndim, shape, e))) fill_synthetic(&made, d, &sh, w->seed);
         else fs_err_prefix(e, "synthetic weight %s: ", d->name);
     }
     if (rc) return rc;

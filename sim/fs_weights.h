@@ -83,13 +83,13 @@ int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_
 double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index);
 /* Elements [first, first + count) of synthetic parameter `d` as a `dt` run stores them (float:
  * the value rounded to nearest even), into out (float or double): bit-identical to
- * fs_weights_synthetic_value element by element. Vectorised (fs_rng_fast.c) and OpenMP-threaded
+ * fs_weights_synthetic_value element by element. Vectorised (fs_rng.c) and OpenMP-threaded
  * over blocks (serial inside a caller's parallel region). For generating without holding a whole
  * tensor (tools/make_checkpoint.c) and for fs_weights_synthetic itself. */
 void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                void *out);
-/* The same values by the old path (libm per pair, one thread): the reference for benchmarks and
- * tests. */
+/* The same values by the plain scalar loop (fs_rng_normal per element, one thread): the
+ * reference for benchmarks and tests. */
 void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                       void *out);
 

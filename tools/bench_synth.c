@@ -1,19 +1,23 @@
-/* bench_synth — synthetic-weight generation speed, old path against new, in the same run.
+/* bench_synth — synthetic-weight generation speed, the old libm path against the new one, in the
+ * same run.
  *
  * The parameters of one FLUX.1-dev-width block (default: single_transformer_blocks.0, 141.6 M
  * parameters; --block double: transformer_blocks.0, 339.8 M), generated as an fp32 run stores
  * them into one preallocated, already-touched buffer (so page faults are not timed):
- *   old  fs_weights_synthetic_fill_scalar: libm log/sqrt/sincos per pair, the scale per element,
- *        one thread (what fs_weights_synthetic did before fs_rng_fast.c);
- *   new  fs_weights_synthetic_fill at 1 and 2 OpenMP threads (the vector kernel fs_rng_fast_isa()
- *        names).
- * Wall-clock medians over --reps runs (default 5; the old path 3 at most, it is slow); ratios
- * are against the old median of this run. Also checks that both paths wrote the same bits.
- * --e2e adds the whole of fs_weights_synthetic for bench_forward's model (FLUX.1-dev width, 1 double +
- * 1 single block, 545.6 M parameters; allocation and fs_tensor_alloc's zero fill included): new
- * at 1 and 2 threads against the old path rebuilt from the same pieces (alloc + the scalar fill).
- * Also prints CPU seconds per parameter (all threads summed), which a busy machine disturbs less
- * than the wall clock, and the load average: wall figures compare only on a quiet machine. */
+ *   old  fs_rng v1 as it was before this bench's commit, copied here (the library no longer has
+ *        it): SplitMix64 uniforms, glibc's log/sqrt/sincos once per pair, the scale per element,
+ *        one thread. Its values differ from the new ones in the last bits (docs/scale.md).
+ *   new  fs_weights_synthetic_fill (fs_rng v2: libm-free, vectorised) at 1 and 2 OpenMP threads.
+ * The three are timed round-robin — old, new 1 thread, new 2 threads, old, ... — --reps times
+ * (default 5), so that a change in the machine's load during the run hits all three alike;
+ * wall-clock medians, ratios against the old median of this run, and the median of the per-round
+ * ratios. Also CPU seconds per parameter (all threads summed), which a busy machine disturbs less
+ * than the wall clock, and the load average before and after: wall figures compare only on a
+ * quiet machine. Checks that the new path at 1 and 2 threads wrote exactly the bits of the scalar
+ * reference (fs_weights_synthetic_fill_scalar), and counts the fp32 values that differ from the
+ * old path's. --e2e adds the whole of fs_weights_synthetic for bench_forward's model (FLUX.1-dev
+ * width, 1 double + 1 single block, 545.6 M parameters; allocation and zero fill included). */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,20 +41,91 @@ static int cmp(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
-static double median(double *v, int n)
+static double median(const double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    double s[100];
+    memcpy(s, v, sizeof *v * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
-/* fs_weights_synthetic as it was: every tensor allocated, then filled by the scalar path */
+static void loadavg(double l[3])
+{
+    l[0] = l[1] = l[2] = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return;
+    if (fscanf(f, "%lf %lf %lf", &l[0], &l[1], &l[2]) != 3) l[0] = -1;
+    fclose(f);
+}
+
+/* ---- the old path: fs_rng v1 (libm) and the old scalar bulk fill, verbatim in substance ---- */
+static inline uint64_t v1_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double v1_uniform(uint64_t key, uint64_t index, uint32_t lane)
+{
+    uint64_t x = v1_mix64(v1_mix64(key ^ (index * 0x9e3779b97f4a7c15ULL)) + lane * 0xd1b54a32d192ed03ULL + 1);
+    return ((double)(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+static void v1_pair(uint64_t key, uint64_t k, double *r, double *theta)
+{
+    double u1 = v1_uniform(key, k, 0), u2 = v1_uniform(key, k, 1);
+    *r = sqrt(-2.0 * log(u1));
+    *theta = 6.283185307179586476925 * u2;
+}
+static double v1_normal(uint64_t key, uint64_t index)
+{
+    double r, th;
+    v1_pair(key, index >> 1, &r, &th);
+    return r * ((index & 1) ? sin(th) : cos(th));
+}
+static void v1_normal_fill(uint64_t key, uint64_t first, int64_t n, double *out)
+{
+    int64_t i = 0;
+    if (n > 0 && (first & 1)) out[i++] = v1_normal(key, first);
+    for (; i + 1 < n; i += 2) {
+        double r, th, s, c;
+        v1_pair(key, (first + (uint64_t)i) >> 1, &r, &th);
+        sincos(th, &s, &c);
+        out[i] = r * c;
+        out[i + 1] = r * s;
+    }
+    if (i < n) out[i] = v1_normal(key, first + (uint64_t)i);
+}
+static double v1_scale(const fs_param_desc *d, double z)
+{
+    switch (d->kind) {
+    case FS_PARAM_LINEAR_W: return z / sqrt((double)d->shape[1]);
+    case FS_PARAM_BIAS: return 0.05 * z;
+    case FS_PARAM_RMS_W: return 1.0 + 0.1 * z;
+    }
+    return 0;
+}
+/* fs_weights_synthetic_fill_scalar as it was (fp32 only here) */
+static void old_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt, void *out)
+{
+    enum { BLK = 4096 };
+    double buf[BLK];
+    const uint64_t key = fs_rng_key(seed, d->name);
+    (void)dt;
+    for (int64_t k0 = 0; k0 < count; k0 += BLK) {
+        const int64_t m = count - k0 < BLK ? count - k0 : BLK;
+        v1_normal_fill(key, (uint64_t)(first + k0), m, buf);
+        for (int64_t k = 0; k < m; k++) ((float *)out)[k0 + k] = (float)v1_scale(d, buf[k]);
+    }
+}
+
+/* fs_weights_synthetic as it was: every tensor allocated, then filled by the old path */
 static int old_synthetic(fs_weights *w, const fs_config *c, fs_err *e)
 {
     int rc = fs_weights_init_empty(w, c, FS_F32, e);
     for (int i = 0; !rc && i < w->n; i++) {
         const fs_param_desc *d = &w->desc[i];
         if (!(rc = fs_tensor_alloc(&w->t[i], FS_F32, d->ndim, d->shape, e)))
-            fs_weights_synthetic_fill_scalar(d, 0, 0, fs_tensor_numel(&w->t[i]), FS_F32, w->t[i].data);
+            old_fill(d, 0, 0, fs_tensor_numel(&w->t[i]), FS_F32, w->t[i].data);
     }
     return rc;
 }
@@ -63,29 +138,28 @@ static void e2e(int reps)
     c.num_layers = 1;
     c.num_single_layers = 1;
     fs_weights w;
-    double t[100], n = 0;
-    double t0 = now();
-    if (old_synthetic(&w, &c, &e)) {
-        fprintf(stderr, "bench_synth: %s\n", e.msg);
-        exit(2);
-    }
-    const double t_old = now() - t0;
-    for (int i = 0; i < w.n; i++) n += (double)fs_tensor_numel(&w.t[i]);
-    fs_weights_free(&w);
-    printf("  fs_weights_synthetic, FLUX.1-dev width 1 double + 1 single block (%.1f M parameters, allocation and zero "
-           "fill included):\n    old, 1 thread:      %8.1f M params/s  (%.3f s, 1 run)\n",
-           n / 1e6, n / t_old / 1e6, t_old);
-    for (int th = 1; th <= 2; th++) {
-        omp_set_num_threads(th);
-        for (int r = 0; r < reps; r++) {
-            t0 = now();
-            if (fs_weights_synthetic(&w, &c, FS_F32, 0, &e)) exit(2);
-            t[r] = now() - t0;
+    double t[3][100], n = 0;
+    for (int r = 0; r < reps; r++)
+        for (int v = 0; v < 3; v++) {
+            omp_set_num_threads(v == 2 ? 2 : 1);
+            const double t0 = now();
+            if (v == 0 ? old_synthetic(&w, &c, &e) : fs_weights_synthetic(&w, &c, FS_F32, 0, &e)) {
+                fprintf(stderr, "bench_synth: %s\n", e.msg);
+                exit(2);
+            }
+            t[v][r] = now() - t0;
+            if (!n)
+                for (int i = 0; i < w.n; i++) n += (double)fs_tensor_numel(&w.t[i]);
             fs_weights_free(&w);
         }
-        const double tm = median(t, reps);
-        printf("    new, %d thread%s:     %8.1f M params/s  (%.3f s, median of %d)  %5.1fx old\n", th, th > 1 ? "s" : " ",
-               n / tm / 1e6, tm, reps, t_old / tm);
+    const double to = median(t[0], reps);
+    printf("  fs_weights_synthetic, FLUX.1-dev width 1 double + 1 single block (%.1f M parameters, allocation and zero "
+           "fill included), round-robin, median of %d:\n    old, 1 thread:      %8.1f M params/s  (%.3f s)\n",
+           n / 1e6, reps, n / to / 1e6, to);
+    for (int v = 1; v <= 2; v++) {
+        const double tm = median(t[v], reps);
+        printf("    new, %d thread%s:     %8.1f M params/s  (%.3f s)  %5.1fx old\n", v, v > 1 ? "s" : " ", n / tm / 1e6,
+               tm, to / tm);
     }
 }
 
@@ -136,47 +210,62 @@ int main(int argc, char **argv)
             total += p[n].shape[0] * (p[n].ndim == 2 ? p[n].shape[1] : 1);
             n++;
         }
-    float *a = malloc((size_t)total * sizeof *a), *b = malloc((size_t)total * sizeof *b);
-    if (!a || !b) {
-        fprintf(stderr, "bench_synth: out of memory for 2 x %lld floats\n", (long long)total);
+    const size_t bytes = (size_t)total * sizeof(float);
+    float *ref = malloc(bytes), *old = malloc(bytes), *nw = malloc(bytes);
+    if (!ref || !old || !nw) {
+        fprintf(stderr, "bench_synth: out of memory for 3 x %lld floats\n", (long long)total);
         return 2;
     }
-    memset(a, 0, (size_t)total * sizeof *a); /* touch every page before timing */
-    memset(b, 0, (size_t)total * sizeof *b);
-    double load[3] = {0};
-    FILE *la = fopen("/proc/loadavg", "r");
-    if (la) {
-        if (fscanf(la, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
-        fclose(la);
-    }
-    printf("bench_synth: %s* of FLUX.1-dev (%d tensors, %.1f M parameters), fp32 values, wall-clock medians\n",
-           block, n, total / 1e6);
-    printf("  fast kernel: %s; load average before: %.2f %.2f %.2f\n", fs_rng_fast_isa(), load[0], load[1], load[2]);
+    memset(old, 0, bytes); /* touch every page before timing */
+    memset(nw, 0, bytes);
+    double load0[3], load1[3];
+    loadavg(load0);
+    printf("bench_synth: %s* of FLUX.1-dev (%d tensors, %.1f M parameters), fp32 values\n", block, n, total / 1e6);
+    printf("  new kernel: %s clone; load average before: %.2f %.2f %.2f (%d CPUs online)\n", fs_rng_isa(), load0[0],
+           load0[1], load0[2], omp_get_num_procs());
     fflush(stdout);
 
-    const int old_reps = reps < 3 ? reps : 3;
-    double t[100];
-    double cpu[100];
-    for (int r = 0; r < old_reps; r++) t[r] = run(fs_weights_synthetic_fill_scalar, p, n, a), cpu[r] = cpu_total;
-    const double t_old = median(t, old_reps), c_old = median(cpu, old_reps);
-    printf("  old (libm per pair, scalar scale), 1 thread: %8.1f M params/s  (%.3f s, median of %d; %.2f CPU ns/param)\n",
-           total / t_old / 1e6, t_old, old_reps, c_old / total * 1e9);
-    fflush(stdout);
+    /* the scalar reference of the new definition, untimed */
+    run(fs_weights_synthetic_fill_scalar, p, n, ref);
+
+    double t[3][100], cpu[3][100];
+    int same[3] = {1, 1, 1};
+    for (int r = 0; r < reps; r++)
+        for (int v = 0; v < 3; v++) {
+            omp_set_num_threads(v == 2 ? 2 : 1);
+            float *buf = v == 0 ? old : nw;
+            t[v][r] = run(v == 0 ? old_fill : fs_weights_synthetic_fill, p, n, buf);
+            cpu[v][r] = cpu_total;
+            if (v) {
+                same[v] &= !memcmp(nw, ref, bytes);
+                memset(nw, 0, bytes);
+            }
+        }
+    loadavg(load1);
+    const double to = median(t[0], reps), co = median(cpu[0], reps);
+    printf("  wall-clock medians of %d rounds (old, new 1 thread, new 2 threads, round-robin):\n", reps);
+    printf("    old (libm per pair, scalar scale), 1 thread: %8.1f M params/s  (%.3f s; %.2f CPU ns/param)\n",
+           total / to / 1e6, to, co / total * 1e9);
     int rc = 0;
-    for (int th = 1; th <= 2; th++) {
-        omp_set_num_threads(th);
-        for (int r = 0; r < reps; r++) t[r] = run(fs_weights_synthetic_fill, p, n, b), cpu[r] = cpu_total;
-        const double tm = median(t, reps), cm = median(cpu, reps);
-        const int same = !memcmp(a, b, (size_t)total * sizeof *a);
-        printf("  new (%s), %d thread%s:                %8.1f M params/s  (%.3f s, median of %d; %.2f CPU ns/param)  "
-               "%5.1fx old%s\n",
-               fs_rng_fast_isa(), th, th > 1 ? "s" : " ", total / tm / 1e6, tm, reps, cm / total * 1e9, t_old / tm,
-               same ? "" : "  *** VALUES DIFFER FROM THE OLD PATH ***");
-        if (!same) rc = 1;
-        memset(b, 0, (size_t)total * sizeof *b);
+    for (int v = 1; v <= 2; v++) {
+        double ratio[100];
+        for (int r = 0; r < reps; r++) ratio[r] = t[0][r] / t[v][r];
+        const double tm = median(t[v], reps), cm = median(cpu[v], reps);
+        printf("    new (%s), %d thread%s:                %8.1f M params/s  (%.3f s; %.2f CPU ns/param)  %5.1fx old "
+               "(median of per-round ratios %.1fx; CPU time per param %.1fx less)%s\n",
+               fs_rng_isa(), v, v > 1 ? "s" : " ", total / tm / 1e6, tm, cm / total * 1e9, to / tm, median(ratio, reps),
+               co / cm, same[v] ? "" : "  *** DIFFERS FROM THE SCALAR REFERENCE ***");
+        if (!same[v]) rc = 1;
     }
-    free(a);
-    free(b);
+    int64_t ndiff = 0;
+    for (int64_t i = 0; i < total; i++) ndiff += memcmp(&old[i], &ref[i], sizeof *old) != 0;
+    printf("  new == scalar reference bit for bit at 1 and 2 threads: %s; fp32 values that differ from the old "
+           "path's: %lld of %lld (%.2g%%)\n",
+           same[1] && same[2] ? "yes" : "NO", (long long)ndiff, (long long)total, 100.0 * (double)ndiff / (double)total);
+    printf("  load average after: %.2f %.2f %.2f\n", load1[0], load1[1], load1[2]);
+    free(ref);
+    free(old);
+    free(nw);
     free(p);
     free(all);
     if (with_e2e) e2e(reps < 3 ? reps : 3);

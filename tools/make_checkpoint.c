@@ -198,7 +198,7 @@ int main(int argc, char **argv)
     if (!pg.quiet)
         fprintf(stderr, "make-checkpoint: %s, %d double + %d single blocks, seed %llu, %s, %s layout (RNG kernel: %s)\n", out,
                 s.cfg.num_layers, s.cfg.num_single_layers, (unsigned long long)s.seed, fs_st_dtype_name(s.dtype),
-                s.kind == FS_CKPT_BFL ? "BFL" : s.kind == FS_CKPT_PIPELINE ? "pipeline" : "diffusers", fs_rng_fast_isa());
+                s.kind == FS_CKPT_BFL ? "BFL" : s.kind == FS_CKPT_PIPELINE ? "pipeline" : "diffusers", fs_rng_isa());
     if ((rc = fs_ckpt_write(&s, out, &bytes, &e))) {
         fprintf(stderr, "make-checkpoint: error: %s\n", e.msg);
         return 2;
