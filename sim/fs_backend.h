@@ -1,64 +1,130 @@
-/* fs_backend.h — the kernels the FLUX forward is written against.
+/* fs_backend.h — the memory and the kernels the FLUX forward is written against.
  *
- * Model code (fs_model.c) only calls these; it never touches BLAS or loops over elements. A
- * backend is a table of function pointers, like ggml-backend: the CPU one (fs_backend_cpu.c,
- * OpenBLAS) now, a GPU one (HIP, buildable with nvcc) later, without touching the model.
+ * A backend owns a memory space and the ops that work in it, as a table of function pointers
+ * (ggml-backend's shape): the CPU backend (fs_backend_cpu.c, OpenBLAS), the strict CPU test
+ * backend (cpu-strict: the same kernels, memory that host code cannot dereference), and the GPU
+ * backends (sim/gpu/, CUDA and HIP from one source). The model, the sequence-parallel code, the
+ * sampler and the collectives (fs_comm) only ever touch activations through these ops; recorders
+ * download what they read. docs/design.md ("Memory model") says who owns what.
  *
- * Conventions: tensors are contiguous row-major in the backend's memory; every op takes the
- * dtype from its tensors (float32 or float64 — one templated source per backend, no hand-copied
- * kernel per type); shapes are checked by the caller (fs_model.c), not here. The "lse" of
- * attention has an explicit layout, FS_LSE_BHS = [B, H, Sq], because the ring merge depends on
- * it and a layout inferred from sizes is exactly the ROCm bug in ../shared/seeds/001. */
+ * Conventions
+ *  - Every op returns FS_OK or an error code with a one-line message in *e (a GPU launch can
+ *    fail); ops never exit. Ops may run asynchronously on a GPU: results are visible to the host
+ *    after download2d (which synchronises) or sync.
+ *  - Tensors are contiguous row-major in the backend's memory; byte-addressed 2-D copies make
+ *    strided slices. The caller (fs_model.c) checks shapes.
+ *  - dtype contract (the same on every backend; docs/bf16.md): float64 computes in float64;
+ *    float32 in float32 (LayerNorm/RMSNorm statistics accumulate in double on the CPU); bfloat16
+ *    is 16-bit storage, each op computes in float32 and rounds its result to bfloat16 once
+ *    (round to nearest even), as PyTorch's CUDA kernels do. Per op below: what is rounded where.
+ *  - LSE (log-sum-exp of attention) is float32 for float32 and bfloat16 runs, float64 for
+ *    float64 runs, laid out in the backend's declared native layout `lse_layout`. Nothing ever
+ *    infers a layout from a shape (the ROCm bug of ../shared/seeds/001): the ring merge reads
+ *    [B, H, S] and the ring code converts explicitly with lse_convert.
+ *
+ * Adding a backend: fill every member (docs/design.md, "Adding a backend"); fs_backend_open()
+ * knows it by name. */
 #ifndef FS_BACKEND_H
 #define FS_BACKEND_H
 
 #include "fs_tensor.h"
 
-typedef enum fs_lse_layout { FS_LSE_BHS = 0 } fs_lse_layout;
+typedef enum fs_lse_layout {
+    FS_LSE_BHS = 0, /* [B, H, S]: CUDA flash attention, and what the ring merge reads */
+    FS_LSE_BSH = 1, /* [B, S, H]: ROCm flash / CK (pytorch#171568) */
+} fs_lse_layout;
+const char *fs_lse_layout_name(fs_lse_layout l); /* "bhs" / "bsh" */
 
 typedef struct fs_backend fs_backend;
 
 struct fs_backend {
     const char *name;
-    /* C[M,N] = alpha * A[M,K] · op(B) + beta * C, op(B) = B[N,K]ᵀ when trans_b else B[K,N].
-     * Leading dimensions allow column slices (TP shards of a weight's input columns). */
-    void (*gemm)(fs_dtype dt, int trans_b, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
-                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
-    /* dst[r, 0:cols] = src[r, 0:cols] for r < rows, leading dimensions in elements (like
-     * cudaMemcpy2D). Concatenations, splits and AdaLN chunking are all this one copy. */
-    void (*copy2d)(fs_dtype dt, void *dst, int64_t ld_dst, const void *src, int64_t ld_src, int64_t rows,
-                   int64_t cols);
-    /* y[m, n] += b[n] for every row m. */
-    void (*add_bias)(fs_tensor *y, const void *b, int64_t N);
-    /* y = x + z (same numel). */
-    void (*add)(fs_tensor *y, const fs_tensor *x, const fs_tensor *z);
-    void (*silu)(fs_tensor *y, const fs_tensor *x);
+    void *ctx;                /* the backend's own state (device, stream, handles) */
+    int host_addressable;     /* 1: its memory is ordinary host memory, so MPI and recorders may
+                                 use pointers into it directly (CPU); 0: stage through host
+                                 buffers (GPU, cpu-strict) */
+    fs_lse_layout lse_layout; /* the layout attention() writes its LSE in */
+
+    /* ---- memory; sizes and pitches in bytes ---- */
+    int (*alloc)(fs_backend *be, size_t bytes, void **ptr, fs_err *e); /* not zeroed: see memset */
+    void (*free)(fs_backend *be, void *ptr);                           /* NULL is a no-op */
+    int (*memset)(fs_backend *be, void *ptr, int byte, size_t bytes, fs_err *e);
+    /* rows × width bytes between pitched 2-D blocks, like cudaMemcpy2D: host → backend,
+     * backend → host (synchronous: the host bytes are valid on return), backend → backend */
+    int (*upload2d)(fs_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                    size_t rows, fs_err *e);
+    int (*download2d)(fs_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows, fs_err *e);
+    int (*copy2d)(fs_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                  fs_err *e);
+    int (*sync)(fs_backend *be, fs_err *e); /* wait for every op issued so far */
+    /* host memory the backend transfers from fastest (pinned on a GPU), for fs_comm's staging */
+    int (*host_alloc)(fs_backend *be, size_t bytes, void **ptr, fs_err *e);
+    void (*host_free)(fs_backend *be, void *ptr);
+
+    /* ---- compute ---- */
+    /* nn.Linear: C[M, N] = A[M, K] · W[N, K]ᵀ (+ bias[N] if bias != NULL), leading dimensions
+     * in elements (lda allows a column slice of A). Operands in `dt`; bfloat16: float32
+     * accumulation, bias added in float32, C rounded once (cuBLAS with a bias epilogue). */
+    int (*gemm)(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e);
+    /* y = x converted to y's dtype (same numel): float32 → bfloat16 rounds to nearest even. */
+    int (*convert)(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);
+    /* y = x + z (same numel, same dtype). */
+    int (*add)(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e);
+    /* y[m, n] += b[n], b of length N = y's last dim. */
+    int (*add_bias)(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e);
+    /* y = a·y + b·x, element-wise (same numel, same dtype). The scheduler's Euler step is
+     * axpby(latents, 1, v, σ_next − σ). float32: a, b rounded to float32 first (0-dim float32
+     * tensors). bfloat16 (torch's type promotion of a 0-dim float32 with a bf16 tensor): b
+     * rounded to bf16, b·x rounded to bf16, then a·y + that in float32, rounded to bf16. */
+    int (*axpby)(fs_backend *be, fs_tensor *y, double a, const fs_tensor *x, double b, fs_err *e);
+    int (*silu)(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);
     /* GELU, tanh approximation (every GELU in FLUX). */
-    void (*gelu_tanh)(fs_tensor *y, const fs_tensor *x);
-    /* LayerNorm over the last dim (width D), no affine, biased variance. */
-    void (*layernorm)(fs_tensor *y, const fs_tensor *x, int64_t D, double eps);
-    /* RMSNorm over the last dim (width Dh) with weight w[Dh] (QK norm, per head). */
-    void (*rmsnorm)(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps);
-    /* y[b,s,:] = x[b,s,:] * (1 + scale[b,:]) + shift[b,:]; x is [B, S, D]. */
-    void (*modulate)(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift);
-    /* x[b,s,:] += gate[b,:] * y[b,s,:]; x and y are [B, S, D]. */
-    void (*gated_add)(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y);
-    /* Rotary embedding on adjacent pairs, in place: x [B, S, H, Dh], cos/sin [S, Dh] (rows for
-     * the S positions of x, in any dtype: the rotation is computed in the tables' dtype, as
-     * diffusers does in fp32 for low-precision activations). */
-    void (*rope)(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin);
+    int (*gelu_tanh)(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);
+    /* LayerNorm over the last dim, no affine, biased variance. */
+    int (*layernorm)(fs_backend *be, fs_tensor *y, const fs_tensor *x, double eps, fs_err *e);
+    /* RMSNorm over the last dim (width Dh) with weight w[Dh] (QK norm, per head). bfloat16:
+     * x·rsqrt(mean(x²)+eps)·w in float32, rounded once. */
+    int (*rmsnorm)(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e);
+    /* y[b,s,:] = x[b,s,:]·(1 + scale[b,:]) + shift[b,:]; x is [B, S, D]. bfloat16: each of the
+     * three torch ops rounds ((1 + scale), then the product, then the sum). */
+    int (*modulate)(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift,
+                    fs_err *e);
+    /* x[b,s,:] += gate[b,:]·y[b,s,:]; x and y are [B, S, D]. bfloat16: the product rounds, then
+     * the sum. */
+    int (*gated_add)(fs_backend *be, fs_tensor *x, const fs_tensor *gate, const fs_tensor *y, fs_err *e);
+    /* Rotary embedding on adjacent pairs, in place: x [B, S, H, Dh], cos/sin [S, Dh] in the
+     * tables' dtype (float32 for float32/bfloat16 runs, float64 for float64 runs); the rotation
+     * is computed in the tables' dtype and cast back, as diffusers' apply_rotary_emb does. */
+    int (*rope)(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e);
     /* out[b,i,h,:] = softmax_j(scale · q[b,i,h,:]·k[b,j,h,:]) · v[b,j,h,:]. q [B,Sq,H,Dh],
      * k/v [B,Skv,H,Dh], out [B,Sq,H,Dh]. If lse is non-NULL it receives log-sum-exp of the scaled
-     * scores in `layout` (natural log), what a ring merge needs. */
-    int (*attention)(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
+     * scores (natural log) in be->lse_layout, what a ring merge needs. bfloat16: q, k, v upcast,
+     * scores, softmax and P·V in float32, out rounded once. No S×S matrix need exist in memory. */
+    int (*attention)(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                      const fs_tensor *v, double scale, fs_err *e);
+    /* dst = src re-laid out: src [B,H,S] when src_layout is FS_LSE_BHS ([B,S,H] for FS_LSE_BSH),
+     * dst in dst_layout; B, H, S are given, never inferred from the tensors' shapes. */
+    int (*lse_convert)(fs_backend *be, fs_tensor *dst, fs_lse_layout dst_layout, const fs_tensor *src,
+                       fs_lse_layout src_layout, int64_t B, int64_t H, int64_t S, fs_err *e);
     /* Ring-attention merge of a partial (out_i, lse_i) into the running (out, lse), exactly as
      * diffusers' TemplatedRingAttention: out ← out − σ(lse_i − lse)·(out − out_i),
-     * lse ← lse − logσ(lse − lse_i). out/out_i [B,S,H,Dh]; lse/lse_i in `layout` ([B,H,S]):
-     * the code indexes lse by (b, h, s) explicitly, it never infers the layout from a size. */
-    void (*ring_merge)(fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
-                       fs_lse_layout layout);
+     * lse ← lse − logσ(lse − lse_i). out/out_i [B,S,H,Dh]; lse/lse_i [B,H,S], indexed by
+     * (b, h, s) explicitly. out and lse are the running float32 (float64) accumulators; out_i may
+     * be bfloat16 (convert_to_fp32=True: upcast, merged in float32). */
+    int (*ring_merge)(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
+                      fs_err *e);
 };
+
+/* Backends by name: "cpu" (default), "cpu-strict" (test tool: memory host code cannot touch),
+ * "cuda", "hip" (in GPU builds: `make GPU=cuda|hip`). A name this build or machine cannot serve
+ * is an FS_E_INPUT error saying why ("no GPU found: ...", "this build has no CUDA backend"). */
+int fs_backend_open(const char *name, fs_backend **be, fs_err *e);
+/* Releases a backend from fs_backend_open (the CPU backends are static: no-op). */
+void fs_backend_close(fs_backend *be);
+/* The names this build knows, comma separated, for --help and messages. */
+const char *fs_backend_names(void);
 
 /* The CPU backend (OpenBLAS for GEMMs, OpenMP for attention and element-wise loops).
  * fs_backend_cpu_set_threads sets both thread counts; <= 0 leaves the defaults (OpenBLAS:
@@ -66,5 +132,13 @@ struct fs_backend {
  * sharing a node should each use 1 (or cores/ranks). */
 fs_backend *fs_backend_cpu(void);
 void fs_backend_cpu_set_threads(int threads);
+/* The strict CPU backend: the CPU kernels behind memory whose pointers are tagged so that any
+ * dereference outside the backend's own ops faults (SIGSEGV), and which is not host-addressable,
+ * so fs_comm stages every collective through host buffers. Ops given a host pointer fail with
+ * FS_E_INTERNAL naming the op. A test tool (docs/design.md): proof that nothing reads or writes
+ * backend memory behind the backend's back. */
+fs_backend *fs_backend_cpu_strict(void);
+/* For tests: 1 if p is a cpu-strict pointer (tagged). */
+int fs_backend_strict_is_tagged(const void *p);
 
 #endif

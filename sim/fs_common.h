@@ -29,10 +29,31 @@ int fs_errf(fs_err *e, int code, const char *fmt, ...) __attribute__((format(pri
 /* Prefix an existing message with more context ("loading X: " + old message). */
 int fs_err_prefix(fs_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-typedef enum fs_dtype { FS_F32 = 0, FS_F64 = 1 } fs_dtype;
+/* Storage dtypes. FS_BF16 is bfloat16 storage (the top 16 bits of a float32, uint16_t in
+ * memory); what is computed in float32 and where results are rounded is each op's contract
+ * (fs_backend.h, docs/bf16.md). */
+typedef enum fs_dtype { FS_F32 = 0, FS_F64 = 1, FS_BF16 = 2 } fs_dtype;
 
 size_t fs_dtype_size(fs_dtype dt);
-const char *fs_dtype_name(fs_dtype dt); /* "float32" / "float64", as flux-dump's `dtype` */
+const char *fs_dtype_name(fs_dtype dt); /* "float32" / "float64" / "bfloat16", as flux-dump's `dtype` */
+
+/* bfloat16 <-> float32. Rounding is to nearest, ties to even, exactly c10's
+ * round_to_nearest_even (what torch's .to(bfloat16) does; __float2bfloat16_rn on GPUs): NaN
+ * becomes the canonical 0x7FC0. */
+static inline uint16_t fs_bf16_from_float(float f)
+{
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0u;
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+static inline float fs_bf16_to_float(uint16_t h)
+{
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+/* round a float to the nearest bfloat16 value, kept as a float */
+static inline float fs_bf16_round(float f) { return fs_bf16_to_float(fs_bf16_from_float(f)); }
 
 #define FS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -1,9 +1,16 @@
-/* fs_tensor.h — a dense, contiguous, row-major tensor of float or double.
+/* fs_tensor.h — a dense, contiguous, row-major tensor, in host memory or in a backend's memory.
  *
- * A tensor either owns its buffer (owns=1, freed by fs_tensor_free) or is a view into memory
- * owned elsewhere (an mmap'd checkpoint, a slice of a bigger tensor). Views never outlive their
- * owner; fs_tensor_free on a view only clears it. No strides on purpose: every kernel can
- * assume contiguous rows, and the few places that need a strided slice copy it. */
+ * `be` says where the bytes live: NULL is plain host memory (inputs, weights as loaded, what
+ * recorders download); otherwise the memory of that backend (fs_backend.h), which may not be
+ * addressable from the host at all (a GPU, or the strict test backend). Only the backend's own
+ * ops may touch such memory; pointer arithmetic on `data` to address a sub-block is fine (as
+ * with device pointers), dereferencing it is not. fs_tensor_is_host() tells which case holds.
+ *
+ * A tensor either owns its buffer (owns=1, freed by fs_tensor_free through its backend) or is a
+ * view into memory owned elsewhere (an mmap'd checkpoint, a slice of a bigger tensor). Views
+ * never outlive their owner; fs_tensor_free on a view only clears it. No strides on purpose:
+ * every kernel can assume contiguous rows, and the few places that need a strided slice copy it
+ * with a 2-D copy. */
 #ifndef FS_TENSOR_H
 #define FS_TENSOR_H
 
@@ -11,22 +18,31 @@
 
 #define FS_MAX_DIMS 4
 
+struct fs_backend;
+
 typedef struct fs_tensor {
     fs_dtype dtype;
     int ndim;
     int64_t shape[FS_MAX_DIMS];
-    void *data;
+    void *data;            /* host memory (be == NULL) or memory of `be` */
+    struct fs_backend *be; /* memory space: NULL = host */
     int owns;
 } fs_tensor;
 
+/* Host tensors, zero-filled, 64-byte aligned. */
 int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
-/* Zero-filled 1-4 D convenience allocators. */
 int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *e);
 int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t d2, fs_err *e);
+/* A zero-filled tensor in the memory of `be` (alloc + explicit memset); be NULL is the host. */
+int fs_tensor_alloc_on(fs_tensor *t, struct fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
+/* Frees owned data through the backend that allocated it; clears views. Safe on either. */
 void fs_tensor_free(fs_tensor *t);
 
 int64_t fs_tensor_numel(const fs_tensor *t);
 size_t fs_tensor_nbytes(const fs_tensor *t);
+/* 1 when t->data may be read and written by host code: host memory, or a backend whose memory
+ * is ordinary host memory (the CPU backend). */
+int fs_tensor_is_host(const fs_tensor *t);
 
 /* A view of the same memory with another shape (numel must match). */
 fs_tensor fs_tensor_reshape(const fs_tensor *t, int ndim, const int64_t *shape);
@@ -35,10 +51,19 @@ fs_tensor fs_tensor_rows(const fs_tensor *t, int64_t r0, int64_t n);
 /* Shape as "[1, 64, 128]" into buf. */
 const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n);
 
-/* Element i (flat index) as double, whatever the dtype. For tests and reports, not kernels. */
+/* Element i (flat index) as double, whatever the dtype. Host-addressable tensors only (see
+ * fs_tensor_is_host): for tests and reports, never kernels. */
 double fs_tensor_get(const fs_tensor *t, int64_t i);
 void fs_tensor_set(fs_tensor *t, int64_t i, double v);
-/* Copy with dtype conversion; shapes must have equal numel. */
+/* Host copy with dtype conversion (bf16 rounds to nearest even); numel must match. */
 int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e);
+
+/* Whole-tensor transfers between a host tensor and a backend tensor of the same dtype and numel
+ * (the backend's upload/download; a memcpy, or nothing, when both are host memory). */
+int fs_tensor_upload(fs_tensor *dst, const fs_tensor *src_host, fs_err *e);
+int fs_tensor_download(fs_tensor *dst_host, const fs_tensor *src, fs_err *e);
+/* What a recorder reads: `src` itself (a view, no copy) when it is host-addressable, else a new
+ * host tensor holding its downloaded bytes. fs_tensor_free(out) is right in both cases. */
+int fs_tensor_host_view(const fs_tensor *src, fs_tensor *out, fs_err *e);
 
 #endif
