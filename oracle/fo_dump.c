@@ -8,17 +8,22 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fo_steps.h"
+#include "fs_h5err.h"
+
 struct fo_file {
     char *path;
     hid_t fid;
     int raw_fd; /* plain read-only descriptor for fo_stream's direct reads; -1 until first use */
     int version;
+    double file_size; /* bytes, at open: what any stored object must fit in */
     char *dtype, *config, *parallel, *producer;
     int nsteps;
     int *step_no;      /* [nsteps], ascending */
@@ -36,20 +41,22 @@ static herr_t vlen_reclaim(hid_t type, hid_t space, void *buf)
 #endif
 }
 
-/* The innermost HDF5 error description ("unable to open file", "file signature not found"),
- * so our one-line message can say why without HDF5 printing its stack. */
-static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
-{
-    if (n == 0 && err->desc) snprintf((char *)data, 256, "%s", err->desc);
-    return 0;
-}
+/* HDF5's reason, one clean line (shared with the writer: sim/fs_h5err.h). */
+static const char *h5_cause(char buf[256]) { return fs_h5_cause(buf, 256); }
 
-static const char *h5_cause(char buf[256])
+/* ---------- crash / hang attribution (fo_set_h5_hook) ---------- */
+
+static fo_h5_hook_fn h5_hook;
+
+void fo_set_h5_hook(fo_h5_hook_fn fn) { h5_hook = fn; }
+
+static void h5_enter(const char *file, const char *object)
 {
-    buf[0] = 0;
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, err_walk_cb, buf);
-    if (!buf[0]) snprintf(buf, 256, "HDF5 error");
-    return buf;
+    if (h5_hook) h5_hook(1, file, object);
+}
+static void h5_leave(void)
+{
+    if (h5_hook) h5_hook(0, NULL, NULL);
 }
 
 /* H5I type of the object at `path`, or -1 when some component is missing. Each prefix is
@@ -85,13 +92,22 @@ static int obj_kind(hid_t loc, const char *path)
     return oi.type == H5O_TYPE_DATASET ? (int)H5I_DATASET : oi.type == H5O_TYPE_GROUP ? (int)H5I_GROUP : (int)H5I_BADID;
 }
 
+/* obj_kind under the hook: HDF5 walks the file's B-trees and heaps to answer. */
+static int guarded_kind(fo_file *f, const char *path)
+{
+    h5_enter(f->path, path);
+    int k = obj_kind(f->fid, path);
+    h5_leave();
+    return k;
+}
+
 int fo_is_group(fo_file *f, const char *path)
 {
     if (!strcmp(path, "/")) return 1;
-    return obj_kind(f->fid, path) == (int)H5I_GROUP;
+    return guarded_kind(f, path) == (int)H5I_GROUP;
 }
 
-int fo_is_dataset(fo_file *f, const char *path) { return obj_kind(f->fid, path) == (int)H5I_DATASET; }
+int fo_is_dataset(fo_file *f, const char *path) { return guarded_kind(f, path) == (int)H5I_DATASET; }
 
 void fo_names_free(fo_names *l)
 {
@@ -106,7 +122,7 @@ void fo_names_free(fo_names *l)
  * Returns 0, -1 when the attribute is not a string, -2 on an HDF5/memory error. The file's
  * own type is the memory type: HDF5 does not convert between ASCII and UTF-8 character sets,
  * and h5py writes UTF-8 while other producers write ASCII. */
-static int read_str_elems(hid_t attr, fo_names *out)
+static int read_str_elems(hid_t attr, fo_names *out, double file_size)
 {
     int rc = -2;
     hid_t type = H5Aget_type(attr), space = H5Aget_space(attr);
@@ -117,6 +133,14 @@ static int read_str_elems(hid_t attr, fo_names *out)
     }
     hssize_t np = H5Sget_simple_extent_npoints(space);
     if (np < 0) goto done;
+    /* What can be checked before HDF5 touches the data: a damaged dataspace claims millions of
+     * strings (each a heap lookup), a damaged fixed-length type more bytes than the file has.
+     * (vlen strings live in the global heap, which no API lets us check before reading it:
+     * flux-oracle's crash handler is the last line of defence there.) */
+    if (np > (1 << 20) || (H5Tis_variable_str(type) <= 0 && (double)np * (double)H5Tget_size(type) > file_size)) {
+        rc = -3;
+        goto done;
+    }
     out->v = calloc(np ? (size_t)np : 1, sizeof *out->v);
     if (!out->v) goto done;
     if (H5Tis_variable_str(type) > 0) {
@@ -164,7 +188,7 @@ done:
     return rc;
 }
 
-int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e)
+static int attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e)
 {
     char cause[256];
     *out = NULL;
@@ -176,9 +200,10 @@ int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs
     hid_t a = H5Aopen_by_name(f->fid, obj, name, H5P_DEFAULT, H5P_DEFAULT);
     if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
     fo_names l = {0};
-    int r = read_str_elems(a, &l);
+    int r = read_str_elems(a, &l, f->file_size);
     H5Aclose(a);
     if (r == -1) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a string", f->path, obj, name);
+    if (r == -3) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: implausible size (corrupted?)", f->path, obj, name);
     if (r) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", f->path, obj, name, h5_cause(cause));
     if (l.n != 1) {
         fo_names_free(&l);
@@ -189,7 +214,7 @@ int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs
     return FS_OK;
 }
 
-int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e)
+static int attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e)
 {
     char cause[256];
     *found = 0;
@@ -216,6 +241,31 @@ int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, i
     if (t >= 0) H5Tclose(t);
     if (s >= 0) H5Sclose(s);
     H5Aclose(a);
+    return rc;
+}
+
+static void attr_label(char *buf, size_t n, const char *obj, const char *name)
+{
+    snprintf(buf, n, "%s attribute %s", obj, name);
+}
+
+int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e)
+{
+    char what[300];
+    attr_label(what, sizeof what, obj, name);
+    h5_enter(f->path, what);
+    int rc = attr_string(f, obj, name, out, e);
+    h5_leave();
+    return rc;
+}
+
+int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e)
+{
+    char what[300];
+    attr_label(what, sizeof what, obj, name);
+    h5_enter(f->path, what);
+    int rc = attr_double(f, obj, name, out, found, e);
+    h5_leave();
     return rc;
 }
 
@@ -275,16 +325,21 @@ static int list_steps(fo_file *f, fs_err *e)
     return FS_OK;
 }
 
-int fo_file_open(fo_file **fp, const char *path, fs_err *e)
+static int file_open(fo_file **fp, const char *path, fs_err *e)
 {
     char cause[256];
     *fp = NULL;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* our errors are one line; HDF5 must not print */
 
-    /* open(2) first: HDF5 would report a missing file as "unable to open file", without errno. */
+    /* open(2) first: HDF5 would report a missing file as "unable to open file", without errno,
+     * and a directory as a failed read with a dump of the read's arguments. */
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int is_dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    double size = (double)st.st_size;
     close(fd);
+    if (is_dir) return fs_errf(e, FS_E_INPUT, "%s: is a directory, not a dump file", path);
     htri_t is = H5Fis_hdf5(path);
     if (is == 0) return fs_errf(e, FS_E_INPUT, "%s: not an HDF5 file", path);
     if (is < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot read: %s", path, h5_cause(cause));
@@ -295,6 +350,7 @@ int fo_file_open(fo_file **fp, const char *path, fs_err *e)
         return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
     }
     f->raw_fd = -1;
+    f->file_size = size;
     f->fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f->fid < 0) {
         int rc = fs_errf(e, FS_E_INPUT, "%s: cannot open as HDF5: %s", path, h5_cause(cause));
@@ -309,7 +365,12 @@ int fo_file_open(fo_file **fp, const char *path, fs_err *e)
         goto fail;
     }
     if (strcmp(fmt, "flux-dump")) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (format is '%.64s')", path, fmt);
+        char shown[72];
+        size_t k = 0;
+        for (const char *p = fmt; *p && k + 1 < sizeof shown && k < 64; p++)
+            shown[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+        shown[k] = 0;
+        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (format is '%s')", path, shown);
         free(fmt);
         goto fail;
     }
@@ -317,7 +378,8 @@ int fo_file_open(fo_file **fp, const char *path, fs_err *e)
     double v;
     int found;
     if ((rc = fo_attr_double(f, "/", "version", &v, &found, e))) goto fail;
-    if (!found || v != (double)(long long)v) {
+    /* Range first: converting a double outside long long's range (1e300, NaN) is undefined. */
+    if (!found || !(v >= -1e9 && v <= 1e9) || v != floor(v)) {
         rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without an integer 'version' attribute", path);
         goto fail;
     }
@@ -349,10 +411,22 @@ fail:
     return rc;
 }
 
+int fo_file_open(fo_file **fp, const char *path, fs_err *e)
+{
+    h5_enter(path, "the superblock and root group");
+    int rc = file_open(fp, path, e);
+    h5_leave();
+    return rc;
+}
+
 void fo_file_close(fo_file *f)
 {
     if (!f) return;
-    if (f->fid > 0) H5Fclose(f->fid);
+    if (f->fid > 0) {
+        h5_enter(f->path, "the file (closing)");
+        H5Fclose(f->fid);
+        h5_leave();
+    }
     if (f->raw_fd >= 0) close(f->raw_fd);
     free(f->path);
     free(f->dtype);
@@ -415,7 +489,7 @@ static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out,
     return FS_OK;
 }
 
-int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+static int group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
 {
     char cause[256];
     fo_names_free(out);
@@ -426,10 +500,12 @@ int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source
     htri_t ex = H5Aexists(g, "order");
     if (ex > 0) {
         hid_t a = H5Aopen(g, "order", H5P_DEFAULT);
-        int r = a >= 0 ? read_str_elems(a, out) : -2;
+        int r = a >= 0 ? read_str_elems(a, out, f->file_size) : -2;
         if (a >= 0) H5Aclose(a);
         if (r == -1)
             rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order is not an array of strings", f->path, group);
+        else if (r == -3)
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order: implausible size (corrupted?)", f->path, group);
         else if (r)
             rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order unreadable: %s", f->path, group, h5_cause(cause));
         else if (src)
@@ -443,15 +519,57 @@ int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source
     return rc;
 }
 
+int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+{
+    char what[300];
+    snprintf(what, sizeof what, "%s attribute order", group);
+    h5_enter(f->path, what);
+    int rc = group_order(f, group, out, src, e);
+    h5_leave();
+    return rc;
+}
+
 /* ---------- datasets ---------- */
 
-const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+/* deflate cannot expand data by more than ~1032:1 (RFC 1951: at most 258 bytes from a 2-bit
+ * code, in practice 1032:1), and shuffle does not change sizes: a dataset whose values take more
+ * than that many times the bytes it has stored is not backed by the file. Such a dataset (a
+ * damaged shape, or a chunked one whose chunks were never written) would otherwise be read as
+ * fill values for hours. Small ones are let through: h5py writes small unwritten datasets that
+ * read as fill values, and they cost nothing. */
+#define MAX_INFLATE 1032.0
+#define UNBACKED_SLACK (1 << 20)
+
+/* The dataset's values must come from the file: stored in it (contiguous, chunked or compact),
+ * not from external raw files or other files (virtual datasets) that a dump has no business
+ * pointing at, and in a quantity the stored bytes can hold. */
+static int check_backed(fo_file *f, const char *path, hid_t d, const fo_dataset *ds, size_t esz, fs_err *e)
 {
-    size_t o = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
-    return buf;
+    hid_t dcpl = H5Dget_create_plist(d);
+    if (dcpl < 0) {
+        char cause[256];
+        return fs_errf(e, FS_E_INPUT, "%s: %s: unreadable layout: %s", f->path, path, h5_cause(cause));
+    }
+    H5D_layout_t lay = H5Pget_layout(dcpl);
+    int ext = H5Pget_external_count(dcpl);
+    H5Pclose(dcpl);
+    if (lay != H5D_CONTIGUOUS && lay != H5D_CHUNKED && lay != H5D_COMPACT)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: storage layout %d is not supported (virtual dataset?)", f->path, path,
+                       (int)lay);
+    if (ext != 0)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: data in external files is not supported", f->path, path);
+    double raw = (double)ds->numel * (double)esz;
+    if (raw <= UNBACKED_SLACK) return FS_OK;
+    double stored = (double)H5Dget_storage_size(d);
+    if (stored > f->file_size)
+        return fs_errf(e, FS_E_INPUT, "%s: %s: claims %.0f stored bytes in a file of %.0f bytes: corrupted", f->path,
+                       path, stored, f->file_size);
+    if (raw > MAX_INFLATE * stored)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: %s: shape claims %lld values (%.0f bytes) but only %.0f bytes are stored, more than "
+                       "compression can expand: corrupted or never written",
+                       f->path, path, (long long)ds->numel, raw, stored);
+    return FS_OK;
 }
 
 /* Fills shape/numel/dtype from an open dataset. Returns 0, or an error. */
@@ -494,6 +612,7 @@ static int describe(fo_file *f, const char *path, hid_t d, fo_dataset *ds, fs_er
         }
         ds->numel *= (int64_t)dims[i];
     }
+    rc = check_backed(f, path, d, ds, sz, e);
 out:
     if (t >= 0) H5Tclose(t);
     if (s >= 0) H5Sclose(s);
@@ -511,7 +630,7 @@ static int open_dataset(fo_file *f, const char *path, hid_t *d, fs_err *e)
     return FS_OK;
 }
 
-int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+static int dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
 {
     hid_t d;
     int rc = open_dataset(f, path, &d, e);
@@ -521,7 +640,7 @@ int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
     return rc;
 }
 
-int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+static int dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
 {
     char cause[256];
     hid_t d;
@@ -543,6 +662,22 @@ int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
         rc = fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", f->path, path, h5_cause(cause));
 out:
     H5Dclose(d);
+    return rc;
+}
+
+int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+{
+    h5_enter(f->path, path);
+    int rc = dataset_info(f, path, ds, e);
+    h5_leave();
+    return rc;
+}
+
+int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
+{
+    h5_enter(f->path, path);
+    int rc = dataset_read(f, path, ds, e);
+    h5_leave();
     return rc;
 }
 
@@ -582,15 +717,21 @@ struct fo_stream {
 void fo_stream_close(fo_stream *s)
 {
     if (!s) return;
-    if (s->fspace >= 0) H5Sclose(s->fspace);
-    if (s->d >= 0) H5Dclose(s->d);
+    /* Direct streams hold no HDF5 handle and may be closed on another thread: no hook there
+     * (the hook belongs to the HDF5 thread). */
+    if (s->fspace >= 0 || s->d >= 0) {
+        h5_enter(s->f->path, s->path);
+        if (s->fspace >= 0) H5Sclose(s->fspace);
+        if (s->d >= 0) H5Dclose(s->d);
+        h5_leave();
+    }
     free(s->raw);
     free(s->path);
     free(s->buf);
     free(s);
 }
 
-int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream **sp, fo_dataset *info, fs_err *e)
+static int stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream **sp, fo_dataset *info, fs_err *e)
 {
     char cause[256];
     *sp = NULL;
@@ -622,8 +763,10 @@ int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream 
     s->ndim = ds.ndim;
     s->numel = ds.numel;
     for (int i = 0; i < ds.ndim; i++) s->dims[i] = (hsize_t)ds.shape[i];
-    /* k: the outermost axis whose trailing rows (the product of the axes after it) fit a block. */
-    if (ds.ndim) {
+    /* k: the outermost axis whose trailing rows (the product of the axes after it) fit a block.
+     * An empty dataset (some axis 0) has no blocks at all: the row arithmetic below would divide
+     * by its zero-length trailing rows. */
+    if (ds.ndim && ds.numel > 0) {
         hsize_t inner = 1;
         s->k = ds.ndim - 1;
         for (int i = ds.ndim - 1; i > 0; i--) {
@@ -638,7 +781,7 @@ int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream 
     }
     hid_t dcpl = H5Dget_create_plist(d0);
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
-    if (dcpl >= 0 && dapl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED && ds.ndim) {
+    if (dcpl >= 0 && dapl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED && ds.ndim && ds.numel > 0) {
         hsize_t cd[FO_MAX_DIMS];
         int nd = H5Pget_chunk(dcpl, FO_MAX_DIMS, cd);
         hid_t t = H5Dget_type(d0);
@@ -699,6 +842,14 @@ int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream 
     return FS_OK;
 fail:
     fo_stream_close(s);
+    return rc;
+}
+
+int fo_stream_open(fo_file *f, const char *path, int64_t block_elems, fo_stream **sp, fo_dataset *info, fs_err *e)
+{
+    h5_enter(f->path, path);
+    int rc = stream_open(f, path, block_elems, sp, info, e);
+    h5_leave();
     return rc;
 }
 
@@ -771,6 +922,7 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
     }
     if ((rc = grow_buf(s, cnt, e))) return rc;
     herr_t r;
+    h5_enter(s->f->path, s->path);
     if (s->ndim == 0) {
         r = H5Dread(s->d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, s->buf);
     } else {
@@ -780,7 +932,9 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
         if (r >= 0) r = H5Dread(s->d, H5T_NATIVE_DOUBLE, ms, s->fspace, H5P_DEFAULT, s->buf);
         if (ms >= 0) H5Sclose(ms);
     }
-    if (r < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", s->f->path, s->path, h5_cause(cause));
+    if (r < 0) fs_h5_cause(cause, sizeof cause);
+    h5_leave();
+    if (r < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", s->f->path, s->path, cause);
     *v = fo_view_f64(s->buf);
     *n = cnt;
     s->off += cnt;
@@ -801,5 +955,164 @@ int fo_stream_next(fo_stream *s, const double **data, int64_t *off, int64_t *n, 
     const float *x = v.p;
     for (int64_t i = 0; i < *n; i++) s->buf[i] = (double)x[i];
     *data = s->buf;
+    return FS_OK;
+}
+
+/* ---------- completeness (fo_file_completeness) ---------- */
+
+static int has_step(const fo_file *f, int step)
+{
+    int lo = 0, hi = f->nsteps - 1; /* step_no is ascending */
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (f->step_no[mid] == step) return 1;
+        if (f->step_no[mid] < step) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return 0;
+}
+
+/* 1 when step group i is whole by structure: an `order` whose names all exist and include
+ * latents_out. Else 0 and the reason in why. -1 with e on an HDF5 error that is not about the
+ * step's shape (out of memory, ...). */
+static int step_whole(fo_file *f, int i, char *why, size_t wn, fs_err *e)
+{
+    const char *g = f->step_name[i];
+    const int no = f->step_no[i];
+    int has_order = 0;
+    h5_enter(f->path, g);
+    htri_t ex = H5Aexists_by_name(f->fid, g, "order", H5P_DEFAULT);
+    h5_leave();
+    has_order = ex > 0;
+    if (!has_order) {
+        snprintf(why, wn, "%s has no `order`: the producer stopped inside step %d", g + 1, no);
+        return 0;
+    }
+    fo_names names = {0};
+    fo_order_source src;
+    int rc = fo_group_order(f, g, &names, &src, e);
+    if (rc) return -1;
+    int seen_out = 0, whole = 1;
+    for (int k = 0; k < names.n && whole; k++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/%s", g, names.v[k]);
+        if (!fo_is_dataset(f, p)) {
+            snprintf(why, wn, "%s's `order` names %.200s, which the group does not hold: the producer stopped inside step %d",
+                     g + 1, names.v[k], no);
+            whole = 0;
+        }
+        if (!strcmp(names.v[k], "latents_out")) seen_out = 1;
+    }
+    if (whole && !seen_out) {
+        snprintf(why, wn, "%s's `order` has no latents_out: the producer stopped inside step %d", g + 1, no);
+        whole = 0;
+    }
+    fo_names_free(&names);
+    return whole;
+}
+
+int fo_file_completeness(fo_file *f, fo_completeness *c, fs_err *e)
+{
+    memset(c, 0, sizeof *c);
+    c->last_step = f->nsteps ? f->step_no[f->nsteps - 1] : -1;
+    c->steps_expected = -1;
+    double mark = 0;
+    int found = 0, rc;
+    if ((rc = fo_attr_double(f, "/", "complete", &mark, &found, e))) return rc;
+    c->has_marker = found;
+    const int marked = found && mark == 1;
+    char *rs = NULL;
+    if ((rc = fo_attr_string(f, "/", "recorded_steps", &rs, e))) return rc;
+    fo_steps promised = {0};
+    char why[200];
+    if (rs) {
+        if (fo_steps_parse(rs, &promised, why, sizeof why)) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: attribute recorded_steps: %s", f->path, why);
+            free(rs);
+            return rc;
+        }
+        snprintf(c->recorded_steps, sizeof c->recorded_steps, "%.60s", rs);
+        free(rs);
+    } else {
+        promised.all = 1;
+        snprintf(c->recorded_steps, sizeof c->recorded_steps, "all");
+    }
+    /* The steps promised: recorded_steps' list, or 0..N-1 with N from /inputs/sigmas. Without
+     * sigmas N is unknown: then 0..(the last step present), so a gap still shows. */
+    int n_sig = -1;
+    const char *basis = "recorded_steps";
+    if (promised.all) {
+        fo_dataset ds = {0};
+        fs_err e2;
+        if (fo_is_dataset(f, "/inputs/sigmas") && !fo_dataset_info(f, "/inputs/sigmas", &ds, &e2) && ds.ndim == 1 &&
+            ds.shape[0] >= 1 && ds.shape[0] <= FO_STEPS_MAX)
+            n_sig = (int)ds.shape[0] - 1;
+        basis = n_sig >= 0 ? "/inputs/sigmas" : "the steps present";
+    }
+    int n_exp = promised.all ? (n_sig >= 0 ? n_sig : c->last_step + 1) : promised.n;
+    c->steps_expected = n_exp;
+    /* The first promised step the file lacks (-1: none). Found without looping over all promised
+     * numbers: a damaged sigmas can promise a billion steps. */
+    int missing = -1;
+    if (promised.all) {
+        int next = 0;
+        for (int i = 0; i < f->nsteps && f->step_no[i] <= next; i++)
+            if (f->step_no[i] == next) next++;
+        if (next < n_exp) missing = next;
+    } else {
+        for (int k = 0; k < promised.n && missing < 0; k++)
+            if (!has_step(f, promised.v[k])) missing = promised.v[k];
+    }
+    /* The first promised step present but not whole (files without the marker). */
+    int broken = -1;
+    for (int i = 0; i < f->nsteps; i++) {
+        int step = f->step_no[i];
+        if (i && step == f->step_no[i - 1]) continue; /* step_2 and step_0002: one number */
+        if (promised.all ? step >= n_exp : !fo_steps_has(&promised, step)) continue;
+        if (marked) { /* the marker vouches for the groups it promises */
+            c->steps_present++;
+            continue;
+        }
+        char w_why[320];
+        int w = broken >= 0 ? 1 : step_whole(f, i, w_why, sizeof w_why, e);
+        if (w < 0) {
+            fo_steps_free(&promised);
+            return e ? e->code : FS_E_INPUT;
+        }
+        if (w) c->steps_present++;
+        else {
+            broken = step;
+            if (missing < 0 || step < missing) snprintf(c->reason, sizeof c->reason, "%s", w_why);
+        }
+    }
+    c->complete = missing < 0 && broken < 0;
+    if (missing >= 0 && (broken < 0 || missing < broken)) {
+        if (marked)
+            snprintf(c->reason, sizeof c->reason,
+                     "step_%04d missing although the file is marked complete (%s promises %d steps)", missing, basis,
+                     n_exp);
+        else if (c->last_step < 0)
+            snprintf(c->reason, sizeof c->reason,
+                     "step_%04d missing: %s promises %d steps and the file holds none: the producer stopped before "
+                     "step 0",
+                     missing, basis, n_exp);
+        else if (missing < c->last_step)
+            snprintf(c->reason, sizeof c->reason, "step_%04d missing: %s promises %d steps, and later steps are present",
+                     missing, basis, n_exp);
+        else
+            snprintf(c->reason, sizeof c->reason, "step_%04d missing: %s promises %d steps: the producer stopped after step %d",
+                     missing, basis, n_exp, c->last_step);
+    }
+    fo_steps_free(&promised);
+    if (found && !marked && c->complete) {
+        c->complete = 0;
+        snprintf(c->reason, sizeof c->reason, "the producer marked it incomplete (attribute complete = %g, not 1)",
+                 mark);
+    }
+    if (!marked && c->complete && !fo_is_dataset(f, "/final/latents")) {
+        c->complete = 0;
+        snprintf(c->reason, sizeof c->reason, "no /final/latents: the producer stopped after step %d", c->last_step);
+    }
+    c->partial = !c->complete;
     return FS_OK;
 }

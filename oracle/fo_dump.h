@@ -82,8 +82,11 @@ int fo_dataset_info(fo_file *f, const char *path, fo_dataset *ds, fs_err *e);
  * types. A missing dataset, a group or a non-numeric type is an FS_E_INPUT error. */
 int fo_dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e);
 void fo_dataset_free(fo_dataset *ds);
-/* "[1, 64, 128]" */
-const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* "[1, 64, 128]": the project's one shape formatter (fs_shape_str), under the reader's name. */
+static inline const char *fo_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    return fs_shape_str(ndim, shape, buf, n);
+}
 
 /* Block-wise reading, so a diff holds a block of each dataset, not the dataset.
  *
@@ -116,5 +119,49 @@ void fo_stream_close(fo_stream *s); /* safe on NULL */
  * A string attribute read as a number (or the reverse) is an FS_E_INPUT error. */
 int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e); /* free() *out */
 int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e);
+
+/* ---- Completeness: did the producer finish? ----
+ *
+ * The contract (docs/dump-format.md, "Completeness"), for producers:
+ *   - root attribute `complete` = integer 1, written as the producer's LAST action, only after
+ *     every step group (with its `order`) and /final/latents are written;
+ *   - optional root attribute `recorded_steps`, a string: "all" or a comma list of step numbers
+ *     ("0,3"; ranges "0-3" are read too), when a producer deliberately recorded only some steps.
+ *     Absent means "all".
+ * and for readers (this function):
+ *   - with `complete` = 1, the dump is complete iff it holds every step group recorded_steps
+ *     promises (for "all": steps 0..N-1, N = len(/inputs/sigmas) - 1);
+ *   - without the marker (older producers; the reference dumps), it is complete iff every
+ *     promised step group exists with an `order` attribute whose names all exist and include
+ *     latents_out, and /final/latents exists (without /inputs/sigmas, N is taken as the last step
+ *     present + 1, so only gaps and an unfinished last step show);
+ *   - `complete` present with another value means the producer said it is not complete.
+ * Otherwise the dump is partial; `reason` says why, naming the first step that falls short:
+ * "step_0002 has no `order`: the producer stopped inside step 2". */
+typedef struct fo_completeness {
+    int complete;       /* 1: everything promised is there */
+    int partial;        /* !complete */
+    int has_marker;     /* the root attribute `complete` exists (whatever its value) */
+    int last_step;      /* highest step group number present, -1 for none */
+    int steps_expected; /* number of steps promised */
+    int steps_present;  /* promised steps that are there (whole, for files without the marker) */
+    char recorded_steps[64]; /* the attribute as read, or "all" when absent */
+    char reason[320];   /* why partial ("" when complete); no file name */
+} fo_completeness;
+/* Judges `f` by the contract above. Errors (FS_E_INPUT): `complete` not a number,
+ * `recorded_steps` not a string or not a step list, unreadable metadata. */
+int fo_file_completeness(fo_file *f, fo_completeness *c, fs_err *e);
+
+/* ---- Crash and hang attribution ----
+ *
+ * libhdf5 (1.10) can crash (SIGSEGV in its global heap, reading a damaged vlen attribute) or loop
+ * forever on a damaged file; no check before the read can rule that out. The reader therefore
+ * calls `fn(1, file, object)` before it hands `object` of `file` to HDF5 and `fn(0, NULL, NULL)`
+ * when HDF5 has returned, in nested pairs, always on the thread that uses HDF5 (never from the
+ * data-pass threads, which do not touch HDF5). A program installs a hook that remembers the
+ * innermost object and arms a watchdog, plus a fatal-signal handler that names it and exits with
+ * its error status (flux-oracle does; see main_flux_oracle.c). NULL (the default) = no hook. */
+typedef void (*fo_h5_hook_fn)(int entering, const char *file, const char *object);
+void fo_set_h5_hook(fo_h5_hook_fn fn);
 
 #endif

@@ -17,6 +17,8 @@ typedef struct fo_tolerance {
     double rtol; /* bound on rel_l2 = ||a-b|| / ||b|| */
     double atol; /* max|a-b| at or below this passes whatever the relative errors */
     double mtol; /* bound on max|a-b| / max|b|; <= 0 disables */
+    double m_rel, m_max; /* the arbiter's multipliers on rel_l2 and on max_rel (fo_tolerance_arbiter);
+                            0 means 2 */
 } fo_tolerance;
 
 /* Defaults for a run computed in `dtype` ("float32", "float64", "bfloat16", "float16"); NULL or
@@ -34,10 +36,14 @@ fo_tolerance fo_tolerance_looser(fo_tolerance a, fo_tolerance b);
 /* 1 = within tolerance (the rule above). */
 int fo_tolerance_pass(const fo_stats *s, fo_tolerance t);
 
-/* The arbiter rule (PyTorch's torch._dynamo accuracy check with an fp64 reference): candidate B
- * passes where err(B, truth) <= m * err(A, truth) + eps, for rel_l2 with eps = rtol/10 and, when
- * mtol > 0, for max_rel with eps = mtol/10. `sa` compares A with the truth, `sb` B with the
- * truth. Non-finite mismatches in B that A does not share fail. */
-int fo_tolerance_pass_truth(const fo_stats *sa, const fo_stats *sb, double m, fo_tolerance t);
+/* The arbiter rule (PyTorch's torch._dynamo accuracy check with an fp64 reference), used by
+ * `flux-oracle diff A B --truth T` and by --check of a bf16 run: the CANDIDATE passes where
+ *     err(candidate, truth) <= m_rel · err(baseline, truth) + rtol/10          (rel L2)
+ * and (mtol > 0)  max_rel(candidate, truth) <= m_max · max_rel(baseline, truth) + mtol/10
+ * with `cand` comparing the candidate with the truth and `base` the baseline with the truth.
+ * A bf16 candidate (a GPU run, a parallel layout) is judged against a matched float64 truth with
+ * flux-sim's own bf16 emulation as the baseline: the multipliers and floors of
+ * fo_tolerance_default("bfloat16") were measured that way (docs/bf16.md). */
+int fo_tolerance_arbiter(const fo_stats *cand, const fo_stats *base, fo_tolerance t);
 
 #endif

@@ -1,5 +1,7 @@
-/* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest.
- * Each kernel is written once in fs_kernels_cpu.inc and instantiated for float and double. */
+/* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest, memory
+ * that is ordinary host memory (host_addressable: MPI and recorders use it in place; uploads and
+ * downloads are memcpy, or nothing when source and destination coincide).
+ * Each kernel is written once in fs_kernels_cpu.inc and instantiated per dtype. */
 #include <cblas.h>
 #include <malloc.h>
 #include <math.h>
@@ -7,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs_backend.h"
+#include "fs_backend_cpu.h"
 
 #define T float
 #define SFX f32
@@ -41,71 +43,410 @@
 #undef TANH
 #undef LOG1P
 
-/* Dispatch on the dtype of the first tensor argument. */
-#define DISPATCH(dt, fn, ...) ((dt) == FS_F64 ? fn##_f64(__VA_ARGS__) : fn##_f32(__VA_ARGS__))
+const char *fs_lse_layout_name(fs_lse_layout l) { return l == FS_LSE_BSH ? "bsh" : "bhs"; }
 
-static void cpu_gemm(fs_dtype dt, int trans_b, int64_t M, int64_t N, int64_t Kd, double alpha, const void *A,
-                     int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+/* ---------------------------------------------------------------- memory */
+
+static int cpu_alloc(fs_backend *be, size_t bytes, void **p, fs_err *e)
 {
-    DISPATCH(dt, gemm, trans_b, M, N, Kd, alpha, A, lda, B, ldb, beta, C, ldc);
+    /* 64-byte alignment: what OpenBLAS and AVX-512 loads like best */
+    size_t n = (bytes + 63) / 64 * 64;
+    *p = aligned_alloc(64, n ? n : 64);
+    if (!*p) return fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes", bytes);
+    return FS_OK;
 }
-static void cpu_copy2d(fs_dtype dt, void *dst, int64_t ld_dst, const void *src, int64_t ld_src, int64_t rows,
-                       int64_t cols)
+static void cpu_free(fs_backend *be, void *p) { free(p); }
+static int cpu_memset(fs_backend *be, void *p, int v, size_t n, fs_err *e)
 {
-    size_t es = fs_dtype_size(dt);
-    for (int64_t r = 0; r < rows; r++)
-        memcpy((char *)dst + (size_t)(r * ld_dst) * es, (const char *)src + (size_t)(r * ld_src) * es,
-               (size_t)cols * es);
+    if (n) memset(p, v, n);
+    return FS_OK;
 }
-static void cpu_add_bias(fs_tensor *y, const void *b, int64_t N) { DISPATCH(y->dtype, add_bias, y, b, N); }
-static void cpu_add(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { DISPATCH(y->dtype, add, y, x, z); }
-static void cpu_silu(fs_tensor *y, const fs_tensor *x) { DISPATCH(y->dtype, silu, y, x); }
-static void cpu_gelu_tanh(fs_tensor *y, const fs_tensor *x) { DISPATCH(y->dtype, gelu_tanh, y, x); }
-static void cpu_layernorm(fs_tensor *y, const fs_tensor *x, int64_t D, double eps)
+/* One 2-D copy for all three directions: host memory on both sides. */
+static int cpu_copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t rows, fs_err *e)
 {
-    DISPATCH(y->dtype, layernorm, y, x, D, eps);
+    if (!w || !rows || dst == src) return FS_OK;
+    if (dp == w && sp == w) {
+        memmove(dst, src, w * rows);
+        return FS_OK;
+    }
+    for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dp, (const char *)src + r * sp, w);
+    return FS_OK;
 }
-static void cpu_rmsnorm(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps)
+static int cpu_sync(fs_backend *be, fs_err *e) { return FS_OK; }
+static int cpu_host_alloc(fs_backend *be, size_t bytes, void **p, fs_err *e)
 {
-    DISPATCH(y->dtype, rmsnorm, y, x, w, eps);
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory allocating %zu bytes of staging", bytes);
 }
-static void cpu_modulate(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift)
+static void cpu_host_free(fs_backend *be, void *p) { free(p); }
+
+/* ---------------------------------------------------------------- compute */
+
+/* ---------------------------------------------------------------- bfloat16
+ *
+ * bf16 is storage: every op loads bf16, computes in float32 and rounds what it stores, once per
+ * torch op — PyTorch's CUDA kernels' arithmetic ("opmath" float, round on store). Here each op
+ * upcasts its bf16 operands into float scratch (exact), runs the float32 kernel above, and rounds
+ * the result with c10's round-to-nearest-even; the ops that are several torch ops in diffusers
+ * (modulate, gated_add, the scheduler's axpby) round after each of them. What can differ from a
+ * GPU is only the order of float additions inside reductions (GEMM, softmax, norms): single
+ * bf16 ulps (docs/bf16.md). */
+
+#define PAR_BIG 65536 /* element loops worth threads */
+
+static float *up_buf(const void *src, fs_dtype dt, int64_t n)
 {
-    DISPATCH(y->dtype, modulate, y, x, scale, shift);
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!f) return NULL;
+    if (dt == FS_F32) {
+        if (n) memcpy(f, src, sizeof(float) * (size_t)n);
+        return f;
+    }
+    const uint16_t *h = src;
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) f[i] = fs_bf16_to_float(h[i]);
+    return f;
 }
-static void cpu_gated_add(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y)
+static void down_buf(uint16_t *dst, const float *f, int64_t n)
 {
-    DISPATCH(x->dtype, gated_add, x, gate, y);
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) dst[i] = fs_bf16_from_float(f[i]);
 }
-static void cpu_rope(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin) { DISPATCH(x->dtype, rope, x, cos, sin); }
-static int cpu_attention(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
+/* A float32 tensor over `buf` with t's shape. */
+static fs_tensor as_f32(const fs_tensor *t, float *buf)
+{
+    fs_tensor v = *t;
+    v.dtype = FS_F32;
+    v.data = buf;
+    v.owns = 0;
+    v.be = NULL;
+    return v;
+}
+/* t's values as float32 (a new buffer, exact), or NULL when out of memory. */
+static float *up(const fs_tensor *t) { return up_buf(t->data, t->dtype, fs_tensor_numel(t)); }
+
+#define NOMEM(op) fs_errf(e, FS_E_NOMEM, "cpu backend: %s on bfloat16: out of memory for float32 scratch", op)
+
+/* M rows of K values at row stride ld (a column slice of a bigger matrix) as dense float. */
+static float *up_rows(const void *src, int64_t M, int64_t K, int64_t ld)
+{
+    float *f = malloc(sizeof(float) * (size_t)(M * K > 0 ? M * K : 1));
+    if (!f) return NULL;
+    const uint16_t *h = src;
+#pragma omp parallel for if (M * K > PAR_BIG) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) f[m * K + k] = fs_bf16_to_float(h[m * ld + k]);
+    return f;
+}
+
+static int gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
+                     const void *bias, void *C, int64_t ldc, fs_err *e)
+{
+    if (M == 0 || N == 0) return FS_OK;
+    float *a = up_rows(A, M, K, lda), *w = up_rows(W, N, K, ldw), *b = bias ? up_buf(bias, FS_BF16, N) : NULL,
+          *c = malloc(sizeof(float) * (size_t)(M * N));
+    int rc = FS_OK;
+    if (!a || !w || (bias && !b) || !c) rc = NOMEM("gemm");
+    else {
+        gemm_f32(M, N, K, a, K, w, K, b, c, N); /* float32 accumulation, + bias in float32 */
+        uint16_t *o = C;
+#pragma omp parallel for if (M * N > PAR_BIG) schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) o[m * ldc + n] = fs_bf16_from_float(c[m * N + n]); /* one rounding */
+    }
+    free(a);
+    free(w);
+    free(b);
+    free(c);
+    return rc;
+}
+
+/* An element-wise or normalisation op on bf16: upcast the inputs, the float32 kernel, round y. */
+#define BF16_UNARY(op, y, x, ...)                                                   \
+    do {                                                                            \
+        float *fx = up(x), *fy = malloc(sizeof(float) * (size_t)fs_tensor_numel(y) + 1); \
+        int rc_ = FS_OK;                                                            \
+        if (!fx || !fy) rc_ = NOMEM(#op);                                           \
+        else {                                                                      \
+            fs_tensor tx = as_f32(x, fx), ty = as_f32(y, fy);                       \
+            op##_f32(&ty, &tx, ##__VA_ARGS__);                                      \
+            down_buf(y->data, fy, fs_tensor_numel(y));                              \
+        }                                                                           \
+        free(fx);                                                                   \
+        free(fy);                                                                   \
+        return rc_;                                                                 \
+    } while (0)
+
+static int silu_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e) { BF16_UNARY(silu, y, x); }
+static int gelu_tanh_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e) { BF16_UNARY(gelu_tanh, y, x); }
+static int layernorm_bf16(fs_tensor *y, const fs_tensor *x, double eps, fs_err *e) { BF16_UNARY(layernorm, y, x, eps); }
+
+static int rmsnorm_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
+{
+    float *fw = up(w); /* the weight multiplied in float32, one rounding (the shim's RMSNorm) */
+    if (!fw) return NOMEM("rmsnorm");
+    fs_tensor tw = as_f32(w, fw);
+    int rc;
+    do {
+        float *fx = up(x), *fy = malloc(sizeof(float) * (size_t)fs_tensor_numel(y) + 1);
+        rc = FS_OK;
+        if (!fx || !fy) rc = NOMEM("rmsnorm");
+        else {
+            fs_tensor tx = as_f32(x, fx), ty = as_f32(y, fy);
+            rmsnorm_f32(&ty, &tx, &tw, eps);
+            down_buf(y->data, fy, fs_tensor_numel(y));
+        }
+        free(fx);
+        free(fy);
+    } while (0);
+    free(fw);
+    return rc;
+}
+
+static int add_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
+{
+    uint16_t *o = y->data;
+    const uint16_t *a = x->data, *b = z->data;
+    const int64_t n = fs_tensor_numel(y);
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) o[i] = fs_bf16_from_float(fs_bf16_to_float(a[i]) + fs_bf16_to_float(b[i]));
+    return FS_OK;
+}
+
+static int add_bias_bf16(fs_tensor *y, const fs_tensor *bias)
+{
+    uint16_t *p = y->data;
+    const uint16_t *b = bias->data;
+    const int64_t N = y->shape[y->ndim - 1], M = N ? fs_tensor_numel(y) / N : 0;
+#pragma omp parallel for if (M * N > PAR_BIG) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            p[m * N + n] = fs_bf16_from_float(fs_bf16_to_float(p[m * N + n]) + fs_bf16_to_float(b[n]));
+    return FS_OK;
+}
+
+/* The scheduler step on bf16 latents (torch: `sample.float() + dt * v` with dt a 0-dim float32
+ * tensor, then `.to(bf16)`): dt is rounded to bf16 by type promotion, dt·v rounded to bf16, the
+ * sum in float32, the result rounded to bf16. */
+static int axpby_bf16(fs_tensor *y, double a, const fs_tensor *x, double b)
+{
+    uint16_t *o = y->data;
+    const uint16_t *u = x->data;
+    const float fa = (float)a, fb = fs_bf16_round((float)b);
+    const int64_t n = fs_tensor_numel(y);
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float bx = fs_bf16_round(fb * fs_bf16_to_float(u[i]));
+        o[i] = fs_bf16_from_float(fa * fs_bf16_to_float(o[i]) + bx);
+    }
+    return FS_OK;
+}
+
+/* x·(1 + scale) + shift: three torch ops, three roundings. */
+static int modulate_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift)
+{
+    const int64_t B = x->shape[0], S = x->shape[1], D = x->shape[2];
+    for (int64_t b = 0; b < B; b++) {
+        const uint16_t *sc = (const uint16_t *)scale->data + b * D, *sh = (const uint16_t *)shift->data + b * D;
+#pragma omp parallel for if (S * D > PAR_BIG) schedule(static)
+        for (int64_t s = 0; s < S; s++) {
+            const uint16_t *a = (const uint16_t *)x->data + (b * S + s) * D;
+            uint16_t *o = (uint16_t *)y->data + (b * S + s) * D;
+            for (int64_t d = 0; d < D; d++) {
+                const float one = fs_bf16_round(1.0f + fs_bf16_to_float(sc[d]));
+                const float p = fs_bf16_round(fs_bf16_to_float(a[d]) * one);
+                o[d] = fs_bf16_from_float(p + fs_bf16_to_float(sh[d]));
+            }
+        }
+    }
+    return FS_OK;
+}
+
+/* x + gate·y: the product rounds, then the sum. */
+static int gated_add_bf16(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y)
+{
+    const int64_t B = x->shape[0], S = x->shape[1], D = x->shape[2];
+    for (int64_t b = 0; b < B; b++) {
+        const uint16_t *g = (const uint16_t *)gate->data + b * D;
+#pragma omp parallel for if (S * D > PAR_BIG) schedule(static)
+        for (int64_t s = 0; s < S; s++) {
+            uint16_t *o = (uint16_t *)x->data + (b * S + s) * D;
+            const uint16_t *a = (const uint16_t *)y->data + (b * S + s) * D;
+            for (int64_t d = 0; d < D; d++) {
+                const float p = fs_bf16_round(fs_bf16_to_float(g[d]) * fs_bf16_to_float(a[d]));
+                o[d] = fs_bf16_from_float(fs_bf16_to_float(o[d]) + p);
+            }
+        }
+    }
+    return FS_OK;
+}
+
+/* (x.float()·cos + rotate(x).float()·sin).to(bf16) with float32 tables */
+static int rope_bf16(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
+{
+    if (cos->dtype != FS_F32) return fs_errf(e, FS_E_INTERNAL, "rope on bfloat16 needs float32 tables");
+    float *fx = up(x);
+    if (!fx) return NOMEM("rope");
+    fs_tensor tx = as_f32(x, fx);
+    rope_f32(&tx, cos, sin);
+    down_buf(x->data, fx, fs_tensor_numel(x));
+    free(fx);
+    return FS_OK;
+}
+
+/* q, k, v upcast; scores, softmax and P·V in float32; the output rounded once; LSE float32. */
+static int attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
+                          const fs_tensor *v, double scale, fs_err *e)
+{
+    if (lse && lse->dtype != FS_F32) return fs_errf(e, FS_E_INTERNAL, "attention on bfloat16 writes a float32 LSE");
+    float *fq = up(q), *fk = up(k), *fv = up(v), *fo = malloc(sizeof(float) * (size_t)fs_tensor_numel(out) + 1);
+    int rc = FS_OK;
+    if (!fq || !fk || !fv || !fo) rc = NOMEM("attention");
+    else {
+        fs_tensor tq = as_f32(q, fq), tk = as_f32(k, fk), tv = as_f32(v, fv), to = as_f32(out, fo);
+        if (!(rc = attention_f32(&to, lse, layout, &tq, &tk, &tv, scale, e))) down_buf(out->data, fo, fs_tensor_numel(out));
+    }
+    free(fq);
+    free(fk);
+    free(fv);
+    free(fo);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+/* The instance for the dtype of the first tensor argument; a dtype no kernel serves is an error
+ * naming the op, never a silent wrong answer. */
+#define DISPATCH(op, dt, ...)                                                                              \
+    do {                                                                                                   \
+        switch (dt) {                                                                                      \
+        case FS_F32: op##_f32(__VA_ARGS__); return FS_OK;                                                  \
+        case FS_F64: op##_f64(__VA_ARGS__); return FS_OK;                                                  \
+        default: return fs_errf(e, FS_E_INPUT, "cpu backend: %s on %s is not supported", #op, fs_dtype_name(dt)); \
+        }                                                                                                  \
+    } while (0)
+
+static int cpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                    const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
+{
+    if (dt == FS_BF16) return gemm_bf16(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    DISPATCH(gemm, dt, M, N, K, A, lda, W, ldw, bias, C, ldc);
+}
+static int cpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
+{
+    const int64_t n = fs_tensor_numel(x);
+    if (n != fs_tensor_numel(y)) return fs_errf(e, FS_E_INTERNAL, "convert: %lld elements into %lld", (long long)n,
+                                                (long long)fs_tensor_numel(y));
+    if (y->dtype == FS_BF16 && x->dtype == FS_F32) {
+        down_buf(y->data, x->data, n);
+        return FS_OK;
+    }
+    if (y->dtype == FS_F32 && x->dtype == FS_BF16) {
+        float *o = y->data;
+        const uint16_t *h = x->data;
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = fs_bf16_to_float(h[i]);
+        return FS_OK;
+    }
+    return fs_tensor_copy(y, x, e);
+}
+static int cpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return add_bf16(y, x, z);
+    DISPATCH(add, y->dtype, y, x, z);
+}
+static int cpu_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return add_bias_bf16(y, b);
+    DISPATCH(add_bias, y->dtype, y, b);
+}
+static int cpu_axpby(fs_backend *be, fs_tensor *y, double a, const fs_tensor *x, double b, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return axpby_bf16(y, a, x, b);
+    DISPATCH(axpby, y->dtype, y, a, x, b);
+}
+static int cpu_silu(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return silu_bf16(y, x, e);
+    DISPATCH(silu, y->dtype, y, x);
+}
+static int cpu_gelu_tanh(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return gelu_tanh_bf16(y, x, e);
+    DISPATCH(gelu_tanh, y->dtype, y, x);
+}
+static int cpu_layernorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, double eps, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return layernorm_bf16(y, x, eps, e);
+    DISPATCH(layernorm, y->dtype, y, x, eps);
+}
+static int cpu_rmsnorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return rmsnorm_bf16(y, x, w, eps, e);
+    DISPATCH(rmsnorm, y->dtype, y, x, w, eps);
+}
+static int cpu_modulate(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift,
+                        fs_err *e)
+{
+    if (y->dtype == FS_BF16) return modulate_bf16(y, x, scale, shift);
+    DISPATCH(modulate, y->dtype, y, x, scale, shift);
+}
+static int cpu_gated_add(fs_backend *be, fs_tensor *x, const fs_tensor *gate, const fs_tensor *y, fs_err *e)
+{
+    if (x->dtype == FS_BF16) return gated_add_bf16(x, gate, y);
+    DISPATCH(gated_add, x->dtype, x, gate, y);
+}
+static int cpu_rope(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
+{
+    if (x->dtype == FS_BF16) return rope_bf16(x, cos, sin, e);
+    DISPATCH(rope, x->dtype, x, cos, sin);
+}
+static int cpu_attention(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                          const fs_tensor *v, double scale, fs_err *e)
 {
-    return DISPATCH(q->dtype, attention, out, lse, layout, q, k, v, scale, e);
+    switch (q->dtype) {
+    case FS_F32: return attention_f32(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_F64: return attention_f64(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_BF16: return attention_bf16(out, lse, be->lse_layout, q, k, v, scale, e);
+    }
+    return fs_errf(e, FS_E_INPUT, "cpu backend: attention on %s is not supported", fs_dtype_name(q->dtype));
 }
-
-static void cpu_ring_merge(fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
-                           fs_lse_layout layout)
+static int cpu_lse_convert(fs_backend *be, fs_tensor *dst, fs_lse_layout dl, const fs_tensor *src, fs_lse_layout sl,
+                           int64_t B, int64_t H, int64_t S, fs_err *e)
 {
-    DISPATCH(out->dtype, ring_merge, out, lse, out_i, lse_i, layout);
+    if (fs_tensor_numel(dst) < B * H * S || fs_tensor_numel(src) < B * H * S)
+        return fs_errf(e, FS_E_INTERNAL, "lse_convert: tensors smaller than B·H·S = %lld", (long long)(B * H * S));
+    DISPATCH(lse_convert, dst->dtype, dst, dl, src, sl, B, H, S);
+}
+static int cpu_ring_merge(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
+                          fs_err *e)
+{
+    if (out_i->dtype == FS_BF16 && out->dtype == FS_F32) { /* convert_to_fp32: the partial upcast, merged in float32 */
+        float *fi = up(out_i);
+        if (!fi) return NOMEM("ring_merge");
+        fs_tensor ti = as_f32(out_i, fi);
+        ring_merge_f32(out, lse, &ti, lse_i);
+        free(fi);
+        return FS_OK;
+    }
+    if (out_i->dtype != out->dtype)
+        return fs_errf(e, FS_E_INTERNAL, "ring_merge: a %s partial into a %s accumulator", fs_dtype_name(out_i->dtype),
+                       fs_dtype_name(out->dtype));
+    DISPATCH(ring_merge, out->dtype, out, lse, out_i, lse_i);
 }
 
-static fs_backend cpu = {
-    .name = "cpu-openblas",
-    .gemm = cpu_gemm,
-    .copy2d = cpu_copy2d,
-    .add_bias = cpu_add_bias,
-    .add = cpu_add,
-    .silu = cpu_silu,
-    .gelu_tanh = cpu_gelu_tanh,
-    .layernorm = cpu_layernorm,
-    .rmsnorm = cpu_rmsnorm,
-    .modulate = cpu_modulate,
-    .gated_add = cpu_gated_add,
-    .rope = cpu_rope,
-    .attention = cpu_attention,
-    .ring_merge = cpu_ring_merge,
-};
+#define CPU_OPS                                                                                              \
+    .alloc = cpu_alloc, .free = cpu_free, .memset = cpu_memset, .upload2d = cpu_copy2d, .download2d = cpu_copy2d, \
+    .copy2d = cpu_copy2d, .sync = cpu_sync, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free,          \
+    .gemm = cpu_gemm, .convert = cpu_convert, .add = cpu_add, .add_bias = cpu_add_bias, .axpby = cpu_axpby,    \
+    .silu = cpu_silu, .gelu_tanh = cpu_gelu_tanh, .layernorm = cpu_layernorm, .rmsnorm = cpu_rmsnorm,          \
+    .modulate = cpu_modulate, .gated_add = cpu_gated_add, .rope = cpu_rope, .attention = cpu_attention,       \
+    .lse_convert = cpu_lse_convert, .ring_merge = cpu_ring_merge
+
+static fs_backend cpu = {.name = "cpu", .host_addressable = 1, .lse_layout = FS_LSE_BHS, CPU_OPS};
+
+/* The same kernels, for the strict backend to call with untagged pointers. */
+const fs_backend *fs_backend_cpu_kernels(void) { return &cpu; }
 
 fs_backend *fs_backend_cpu(void)
 {

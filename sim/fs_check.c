@@ -16,21 +16,27 @@ typedef struct ref_entry {
     fs_tensor t;
 } ref_entry;
 
+/* A run recorded in memory on rank 0: the single-rank reference, or (bf16 runs) its matched
+ * float64 truth. */
+typedef struct ref_set {
+    ref_entry *v;
+    int n, cap, hint, step;
+    double *buf; /* the entry asked for last, as doubles */
+    size_t bufcap;
+} ref_set;
+
 struct fs_check {
     const fs_par *par;
     fs_dtype dt;
     fs_check_tol tol;
     /* reference: in memory (rank 0) or a file */
-    ref_entry *ref;
-    int nref, capref, hint;
+    ref_set ref, truth; /* truth.n > 0: the bf16 arbiter rule (fo_tolerance_arbiter) decides */
     fo_file *ref_file;
     fo_dataset ds;
-    double *buf;
-    size_t bufcap;
     /* progress */
-    int ref_step, step;
+    int step;
     int n_compared, n_missing, diverged;
-    double worst;
+    double worst, worst_ratio;
     char worst_where[256];
     char report[4096];
     int brk;              /* --break-on-divergence */
@@ -48,7 +54,8 @@ __attribute__((noinline)) void fs_check_break(const fs_divergence *dv)
     raise(SIGTRAP);
 }
 
-int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol tol, const char *ref_path, fs_err *e)
+int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol tol, int tol_given, const char *ref_path,
+                    fs_err *e)
 {
     fs_check *ck = calloc(1, sizeof *ck);
     if (!ck) return fs_errf(e, FS_E_NOMEM, "out of memory");
@@ -62,51 +69,91 @@ int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol
             free(ck);
             return rc;
         }
+        /* a saved reference of another dtype (a bf16 GPU run, a float32 dump) is judged by the
+         * looser of the two dtypes' rules, as flux-oracle diff does — unless the user set them */
+        if (!tol_given) ck->tol = fo_tolerance_looser(tol, fo_tolerance_layout(fo_file_dtype(ck->ref_file)));
     }
     *out = ck;
     return FS_OK;
 }
 
+static void ref_set_free(ref_set *r)
+{
+    for (int i = 0; i < r->n; i++) fs_tensor_free(&r->v[i].t);
+    free(r->v);
+    free(r->buf);
+    memset(r, 0, sizeof *r);
+}
+
 void fs_check_free(fs_check *ck)
 {
     if (!ck) return;
-    for (int i = 0; i < ck->nref; i++) fs_tensor_free(&ck->ref[i].t);
-    free(ck->ref);
+    ref_set_free(&ck->ref);
+    ref_set_free(&ck->truth);
     fo_file_close(ck->ref_file);
     fo_dataset_free(&ck->ds);
-    free(ck->buf);
     free(ck);
 }
 
 /* ---------------------------------------------------------------- reference capture */
 
-static int ref_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
+static int set_begin(void *ctx, int step, double t, double s, double sn, fs_err *e)
 {
-    ((fs_check *)ctx)->ref_step = step;
+    ((ref_set *)ctx)->step = step;
     return FS_OK;
 }
 
-static int ref_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+static int set_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
 {
-    fs_check *ck = ctx;
-    if (ck->nref == ck->capref) {
-        ck->capref = ck->capref ? 2 * ck->capref : 512;
-        ref_entry *n = realloc(ck->ref, (size_t)ck->capref * sizeof *n);
+    ref_set *rs = ctx;
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? 2 * rs->cap : 512;
+        ref_entry *n = realloc(rs->v, (size_t)rs->cap * sizeof *n);
         if (!n) return fs_errf(e, FS_E_NOMEM, "--check: out of memory storing the reference");
-        ck->ref = n;
+        rs->v = n;
     }
-    ref_entry *r = &ck->ref[ck->nref];
-    r->step = ck->ref_step;
+    ref_entry *r = &rs->v[rs->n];
+    r->step = rs->step;
     snprintf(r->name, sizeof r->name, "%s", name);
     int rc = fs_tensor_alloc(&r->t, t->dtype, t->ndim, t->shape, e);
-    if (rc) return rc;
-    fs_tensor_copy(&r->t, t, e);
-    ck->nref++;
+    if (!rc) rc = fs_tensor_download(&r->t, t, e); /* a copy on the host: the recorder's own */
+    if (rc) {
+        fs_tensor_free(&r->t);
+        return rc;
+    }
+    rs->n++;
     return FS_OK;
 }
 
-fs_recorder fs_check_ref_recorder(fs_check *ck) { return (fs_recorder){.fn = ref_record, .ctx = ck}; }
-fs_step_hooks fs_check_ref_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = ref_begin, .ctx = ck}; }
+fs_recorder fs_check_ref_recorder(fs_check *ck) { return (fs_recorder){.fn = set_record, .ctx = &ck->ref}; }
+fs_step_hooks fs_check_ref_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = set_begin, .ctx = &ck->ref}; }
+fs_recorder fs_check_truth_recorder(fs_check *ck) { return (fs_recorder){.fn = set_record, .ctx = &ck->truth}; }
+fs_step_hooks fs_check_truth_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = set_begin, .ctx = &ck->truth}; }
+
+/* Entry (step, name) of an in-memory run as doubles with its shape; 0 if the run lacks it. */
+static int set_lookup(ref_set *rs, int step, const char *name, const double **data, int *ndim, int64_t *shape)
+{
+    for (int k = 0; k < rs->n; k++) { /* names come in the same order: start from the hint */
+        int i = (rs->hint + k) % rs->n;
+        if (rs->v[i].step == step && !strcmp(rs->v[i].name, name)) {
+            rs->hint = i + 1;
+            const fs_tensor *t = &rs->v[i].t;
+            size_t n = (size_t)fs_tensor_numel(t);
+            if (n > rs->bufcap) {
+                free(rs->buf);
+                rs->buf = malloc((n ? n : 1) * sizeof(double));
+                rs->bufcap = rs->buf ? n : 0;
+                if (!rs->buf) return 0;
+            }
+            for (size_t j = 0; j < n; j++) rs->buf[j] = fs_tensor_get(t, (int64_t)j);
+            *data = rs->buf;
+            *ndim = t->ndim;
+            memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+            return 1;
+        }
+    }
+    return 0;
+}
 
 /* The reference tensor (step, name) as doubles with its shape; 0 if the reference lacks it. */
 static int ref_lookup(fs_check *ck, int step, const char *name, const double **data, int *ndim, int64_t *shape)
@@ -121,25 +168,7 @@ static int ref_lookup(fs_check *ck, int step, const char *name, const double **d
         for (int d = 0; d < ck->ds.ndim && d < FS_MAX_DIMS; d++) shape[d] = ck->ds.shape[d];
         return 1;
     }
-    for (int k = 0; k < ck->nref; k++) { /* names come in the same order: start from the hint */
-        int i = (ck->hint + k) % ck->nref;
-        if (ck->ref[i].step == step && !strcmp(ck->ref[i].name, name)) {
-            ck->hint = i + 1;
-            const fs_tensor *t = &ck->ref[i].t;
-            size_t n = (size_t)fs_tensor_numel(t);
-            if (n > ck->bufcap) {
-                free(ck->buf);
-                ck->buf = malloc(n * sizeof(double));
-                ck->bufcap = n;
-            }
-            for (size_t j = 0; j < n; j++) ck->buf[j] = fs_tensor_get(t, (int64_t)j);
-            *data = ck->buf;
-            *ndim = t->ndim;
-            memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-            return 1;
-        }
-    }
-    return 0;
+    return set_lookup(&ck->ref, step, name, data, ndim, shape);
 }
 
 /* ---------------------------------------------------------------- parallel comparison */
@@ -161,12 +190,17 @@ static const char *axis_names(int ndim)
     }
 }
 
-static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const fs_shard *sh, fs_err *e)
 {
     fs_check *ck = ctx;
     const fs_par *p = ck->par;
     fs_gathered g;
-    int rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
+    /* what this rank holds, on the host: gathered, and handed to gdb on a divergence */
+    fs_tensor local;
+    int rc = fs_tensor_host_view(dev, &local, e);
+    if (rc) return rc;
+    const fs_tensor *t = &local;
+    rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
     int verdict = rc ? FS_E_INTERNAL : FS_OK;
     if (!rc && p->rank == 0) {
         char lay[128], pieces[256] = "", sbuf[96], rbuf[96];
@@ -220,13 +254,36 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
                 }
                 fo_stats st;
                 fo_compare(a, ref, n, &st);
-                free(a);
                 double rel_max = refmax > 0 ? st.max_abs / refmax : (st.max_abs > 0 ? INFINITY : 0);
-                int bad = !fo_tolerance_pass(&st, ck->tol); /* the oracle's rule, NaN/Inf included */
+                /* bf16: the arbiter against the matched float64 truth (fo_tolerance_arbiter: the
+                 * parallel run's error may be m times the single-rank bf16 run's, plus a floor);
+                 * otherwise the layout rule on the distance to the single-rank run */
+                const double *tru;
+                int tnd;
+                int64_t tshape[FS_MAX_DIMS];
+                fo_stats st_ct = {0}, st_bt = {0};
+                const int arb = ck->truth.n > 0 && set_lookup(&ck->truth, ck->step, name, &tru, &tnd, tshape);
+                if (arb) {
+                    fo_compare(a, tru, n, &st_ct);
+                    fo_compare(ref, tru, n, &st_bt);
+                }
+                free(a);
+                int bad = arb ? !fo_tolerance_arbiter(&st_ct, &st_bt, ck->tol)
+                              : !fo_tolerance_pass(&st, ck->tol); /* the oracle's rules, NaN/Inf included */
                 if (st.rel_l2 > ck->worst || !fo_stats_all_finite(&st)) {
                     ck->worst = fo_stats_all_finite(&st) ? st.rel_l2 : INFINITY;
                     snprintf(ck->worst_where, sizeof ck->worst_where, "step %d %s", ck->step, name);
                 }
+                if (arb && st_bt.rel_l2 > 0 && st_ct.rel_l2 / st_bt.rel_l2 > ck->worst_ratio)
+                    ck->worst_ratio = st_ct.rel_l2 / st_bt.rel_l2;
+                char arbiter[320] = "";
+                if (arb)
+                    snprintf(arbiter, sizeof arbiter,
+                             "  vs the matched float64 truth: parallel rel L2 %.3g, max rel %.3g; single-rank bf16 %.3g, %.3g "
+                             "(rule: <= %g x + %.1e, <= %g x + %.1e; docs/bf16.md)\n",
+                             st_ct.rel_l2, fo_stats_max_rel(&st_ct), st_bt.rel_l2, fo_stats_max_rel(&st_bt),
+                             ck->tol.m_rel > 0 ? ck->tol.m_rel : 2, ck->tol.rtol / 10, ck->tol.m_max > 0 ? ck->tol.m_max : 2,
+                             ck->tol.mtol / 10);
                 if (bad) {
                     int64_t at = st.argmax >= 0 ? st.argmax : 0, coords[FS_MAX_DIMS] = {0};
                     const int nonfinite = st.n_nonfinite_mismatch > 0 && st.first_nonfinite >= 0;
@@ -247,12 +304,13 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
                              "  layout: %s; tensor %s %s\n"
                              "  %s%s at %s (%s)%s = %.6g; relative L2 = %.3g, max |Δ|/max|ref| = %.3g "
                              "(tolerance %.1e / %.1e)\n"
+                             "%s"
                              "  non-finite: parallel %lld NaN %lld Inf, reference %lld NaN %lld Inf\n"
                              "  element held by rank(s) %s; pieces: %s\n",
                              ck->step, name, lay, fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf), fs_dtype_name(ck->dt),
                              nonfinite ? "first non-finite mismatch" : "max |Δ|", "", cs, axis_names(g.global.ndim),
                              where_nf, st.max_abs, st.rel_l2, rel_max,
-                             ck->tol.rtol, ck->tol.mtol, (long long)st.nan_a, (long long)st.inf_a,
+                             ck->tol.rtol, ck->tol.mtol, arbiter, (long long)st.nan_a, (long long)st.inf_a,
                              (long long)st.nan_b, (long long)st.inf_b, owners, pieces);
                 }
             }
@@ -304,6 +362,7 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *t, const fs_
         fs_tensor_free(&glob);
     }
     fs_gathered_free(&g);
+    fs_tensor_free(&local);
     if (verdict == FS_DIVERGED) {
         ck->diverged = 1;
         return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);
@@ -322,12 +381,21 @@ const char *fs_check_report(const fs_check *ck)
     fs_check *m = (fs_check *)ck;
     if (!ck->diverged) {
         char lay[128];
-        snprintf(m->report, sizeof m->report,
-                 "flux-sim --check: OK — %s reproduces the single-rank run: %d tensors compared%s, worst relative L2 "
-                 "%.3g (%s); tolerance %.1e (max-abs %.1e)\n",
-                 fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared,
-                 ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where, ck->tol.rtol,
-                 ck->tol.mtol);
+        if (ck->truth.n > 0)
+            snprintf(m->report, sizeof m->report,
+                     "flux-sim --check: OK — %s reproduces the single-rank %s run: %d tensors compared%s, worst relative "
+                     "L2 %.3g (%s); against the matched float64 truth its error is at most %.2f x the single-rank run's "
+                     "(rule: %g x + %.1e; docs/bf16.md)\n",
+                     fs_par_describe(ck->par, lay, sizeof lay), fs_dtype_name(ck->dt), ck->n_compared,
+                     ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where,
+                     ck->worst_ratio, ck->tol.m_rel > 0 ? ck->tol.m_rel : 2, ck->tol.rtol / 10);
+        else
+            snprintf(m->report, sizeof m->report,
+                     "flux-sim --check: OK — %s reproduces the single-rank run: %d tensors compared%s, worst relative L2 "
+                     "%.3g (%s); tolerance %.1e (max-abs %.1e)\n",
+                     fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared,
+                     ck->n_missing ? " (some absent from the reference)" : "", ck->worst, ck->worst_where, ck->tol.rtol,
+                     ck->tol.mtol);
     }
     return ck->report;
 }

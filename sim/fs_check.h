@@ -37,8 +37,10 @@ typedef struct fs_divergence {
 /* Stops in the debugger (SIGTRAP). Not inlined, so `break fs_check_break` works too. */
 void fs_check_break(const fs_divergence *dv);
 
-/* ref_path NULL: the reference is recorded in this job through fs_check_ref_recorder. */
-int fs_check_create(fs_check **ck, const fs_par *par, fs_dtype dt, fs_check_tol tol, const char *ref_path, fs_err *e);
+/* ref_path NULL: the reference is recorded in this job through fs_check_ref_recorder. A saved
+ * reference of another dtype widens tol to that dtype's rule unless tol_given (--rtol). */
+int fs_check_create(fs_check **ck, const fs_par *par, fs_dtype dt, fs_check_tol tol, int tol_given, const char *ref_path,
+                    fs_err *e);
 /* --break-on-divergence: the rank where the first divergence shows raises SIGTRAP inside the
  * layer that diverged (in fs_check_break, called from the layer's record). */
 void fs_check_set_break(fs_check *ck, int on);
@@ -47,6 +49,12 @@ void fs_check_free(fs_check *ck);
 /* Rank 0's single-rank reference run records through these. */
 fs_recorder fs_check_ref_recorder(fs_check *ck);
 fs_step_hooks fs_check_ref_hooks(fs_check *ck);
+/* bf16 runs: rank 0 also records the matched float64 truth of the same problem (--match bf16)
+ * through these; then every tensor is judged by the arbiter rule (fo_tolerance_arbiter): the
+ * parallel run's error against the truth may be at most m times the single-rank bf16 run's
+ * plus a floor — the measured bf16 verdict of docs/bf16.md. */
+fs_recorder fs_check_truth_recorder(fs_check *ck);
+fs_step_hooks fs_check_truth_hooks(fs_check *ck);
 /* Every rank's parallel run records through these (collective per recorded tensor). */
 fs_recorder fs_check_recorder(fs_check *ck);
 fs_step_hooks fs_check_hooks(fs_check *ck);

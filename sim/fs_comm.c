@@ -1,6 +1,8 @@
 /* fs_comm.c — the only file that includes mpi.h. */
 #include "fs_comm.h"
 
+#include "fs_backend.h"
+
 #include <hdf5.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -26,7 +28,8 @@ static int inited, we_initialised;
 
 #define COMM(g) (*(MPI_Comm *)(g)->h)
 
-static MPI_Datatype mpi_type(fs_dtype dt) { return dt == FS_F64 ? MPI_DOUBLE : MPI_FLOAT; }
+/* bfloat16 moves as 16-bit words (all-gather, all-to-all, broadcast, p2p move bits) */
+static MPI_Datatype mpi_type(fs_dtype dt) { return dt == FS_F64 ? MPI_DOUBLE : dt == FS_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
 
 int fs_comm_init(int *argc, char ***argv, fs_err *e)
 {
@@ -94,16 +97,248 @@ void fs_barrier(const fs_group *g) { MPI_Barrier(COMM(g)); }
  * bytes but not 2^31 elements per call in practice; be safe anyway). */
 #define CHUNK ((int64_t)1 << 30)
 
-void fs_allreduce_sum(const fs_group *g, fs_dtype dt, void *buf, int64_t n)
+/* ---------------------------------------------------------------- staging */
+
+/* A host-addressable window on `n` elements at element offset `off` of t: its own memory when
+ * t is host-addressable, else a staging buffer from the backend (downloaded when `fill`). */
+typedef struct stage {
+    void *p;
+    int staged;
+} stage;
+
+static int stage_open(const fs_tensor *t, int64_t off, int64_t n, int fill, stage *s, fs_err *e)
 {
-    if (g->size == 1) return;
-    size_t es = fs_dtype_size(dt);
-    count(FS_COMM_ALLREDUCE, n * (int64_t)es);
-    for (int64_t o = 0; o < n; o += CHUNK) {
-        int m = (int)(n - o < CHUNK ? n - o : CHUNK);
-        MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)o * es, m, mpi_type(dt), MPI_SUM, COMM(g));
+    const size_t es = fs_dtype_size(t->dtype), bytes = (size_t)n * es;
+    const char *src = (const char *)t->data + (size_t)off * es;
+    s->staged = !fs_tensor_is_host(t);
+    if (!s->staged) {
+        s->p = (void *)src;
+        return FS_OK;
     }
+    fs_backend *be = t->be;
+    int rc = be->host_alloc(be, bytes ? bytes : 1, &s->p, e);
+    if (!rc && fill && bytes) rc = be->download2d(be, s->p, bytes, src, bytes, bytes, 1, e);
+    if (rc) {
+        if (s->p) be->host_free(be, s->p);
+        s->p = NULL;
+        return fs_err_prefix(e, "staging %zu bytes for MPI: ", bytes);
+    }
+    return FS_OK;
 }
+
+/* Uploads the staged bytes back into t (when `back`) and releases the buffer. */
+static int stage_close(const fs_tensor *t, int64_t off, int64_t n, int back, stage *s, fs_err *e)
+{
+    int rc = FS_OK;
+    if (!s->staged || !s->p) return FS_OK;
+    const size_t es = fs_dtype_size(t->dtype), bytes = (size_t)n * es;
+    if (back && bytes) {
+        rc = t->be->upload2d(t->be, (char *)t->data + (size_t)off * es, bytes, s->p, bytes, bytes, 1, e);
+        if (rc) fs_err_prefix(e, "staging %zu bytes back from MPI: ", bytes);
+    }
+    t->be->host_free(t->be, s->p);
+    s->p = NULL;
+    return rc;
+}
+
+/* MPI counts are int: a single collective of 2^31 elements or more is refused, not cut. */
+static int to_int(const int64_t *v, int n, int **out, fs_err *e)
+{
+    *out = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!*out) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        if (v[i] < 0 || v[i] > INT32_MAX) {
+            free(*out);
+            *out = NULL;
+            return fs_errf(e, FS_E_INPUT, "a collective of %lld elements per rank exceeds MPI's 2^31 limit",
+                           (long long)v[i]);
+        }
+        (*out)[i] = (int)v[i];
+    }
+    return FS_OK;
+}
+
+/* ---------------------------------------------------------------- tensor collectives */
+
+
+static fs_bf16_order bf16_order = FS_BF16_ORDER_RANK;
+void fs_comm_set_bf16_order(fs_bf16_order o) { bf16_order = o; }
+
+/* bfloat16 sum of the group's partials: gather every partial (bits), then add them in bf16 —
+ * float32 add, round to nearest even, per addition — in the chosen order, the same on every
+ * rank, so the replicated result is bitwise identical across the group. */
+static int allreduce_bf16(const fs_group *g, void *buf, int64_t n, fs_err *e)
+{
+    const int T = g->size;
+    if (n > INT32_MAX) return fs_errf(e, FS_E_INPUT, "a bfloat16 all-reduce of %lld elements exceeds MPI's 2^31 limit", (long long)n);
+    uint16_t *all = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n * T : 1)), *out = buf;
+    if (!all) return fs_errf(e, FS_E_NOMEM, "out of memory gathering %d bfloat16 partials of %lld elements", T, (long long)n);
+    MPI_Allgather(buf, (int)n, MPI_UINT16_T, all, (int)n, MPI_UINT16_T, COMM(g));
+    const int64_t chunk = (n + T - 1) / T;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        int first = 0, step = 1;
+        if (bf16_order == FS_BF16_ORDER_REVERSE) first = T - 1, step = -1;
+        else if (bf16_order == FS_BF16_ORDER_RING) first = (int)((i / chunk + 1) % T);
+        int r = first;
+        float acc = fs_bf16_to_float(all[(int64_t)r * n + i]);
+        for (int k = 1; k < T; k++) {
+            r = ((r + step) % T + T) % T;
+            acc = fs_bf16_round(acc + fs_bf16_to_float(all[(int64_t)r * n + i]));
+        }
+        out[i] = fs_bf16_from_float(acc);
+    }
+    free(all);
+    return FS_OK;
+}
+
+int fs_allreduce_sum_t(const fs_group *g, fs_tensor *t, fs_err *e)
+{
+    if (g->size == 1) return FS_OK;
+    const int64_t n = fs_tensor_numel(t);
+    const size_t es = fs_dtype_size(t->dtype);
+    stage s;
+    int rc = stage_open(t, 0, n, 1, &s, e);
+    if (rc) return rc;
+    count(FS_COMM_ALLREDUCE, n * (int64_t)es);
+    if (t->dtype == FS_BF16) rc = allreduce_bf16(g, s.p, n, e);
+    else
+        for (int64_t o = 0; o < n; o += CHUNK) {
+            int m = (int)(n - o < CHUNK ? n - o : CHUNK);
+            MPI_Allreduce(MPI_IN_PLACE, (char *)s.p + (size_t)o * es, m, mpi_type(t->dtype), MPI_SUM, COMM(g));
+        }
+    int rc2 = stage_close(t, 0, n, !rc, &s, e);
+    return rc ? rc : rc2;
+}
+
+int fs_allgatherv_t(const fs_group *g, const fs_tensor *send, fs_tensor *recv, const int64_t *counts,
+                    const int64_t *displs, fs_err *e)
+{
+    int *c = NULL, *d = NULL, rc;
+    int64_t total = 0;
+    for (int r = 0; r < g->size; r++)
+        if (displs[r] + counts[r] > total) total = displs[r] + counts[r];
+    const int64_t n = counts[g->rank];
+    if (send->dtype != recv->dtype || n > fs_tensor_numel(send) || total > fs_tensor_numel(recv))
+        return fs_errf(e, FS_E_INTERNAL, "all-gather: buffers do not match the counts");
+    if ((rc = to_int(counts, g->size, &c, e)) || (rc = to_int(displs, g->size, &d, e))) {
+        free(c);
+        return rc;
+    }
+    stage ss, sr;
+    if ((rc = stage_open(send, 0, n, 1, &ss, e))) goto out;
+    if ((rc = stage_open(recv, 0, total, 0, &sr, e))) {
+        stage_close(send, 0, n, 0, &ss, e);
+        goto out;
+    }
+    if (g->size > 1) count(FS_COMM_ALLGATHER, n * (int64_t)fs_dtype_size(send->dtype));
+    MPI_Allgatherv(ss.p, (int)n, mpi_type(send->dtype), sr.p, c, d, mpi_type(recv->dtype), COMM(g));
+    rc = stage_close(send, 0, n, 0, &ss, e);
+    int rc2 = stage_close(recv, 0, total, 1, &sr, e);
+    rc = rc ? rc : rc2;
+out:
+    free(c);
+    free(d);
+    return rc;
+}
+
+int fs_alltoallv_t(const fs_group *g, const fs_tensor *send, const int64_t *scounts, const int64_t *sdispls,
+                   fs_tensor *recv, const int64_t *rcounts, const int64_t *rdispls, fs_err *e)
+{
+    int *sc = NULL, *sd = NULL, *rcn = NULL, *rd = NULL, rc;
+    int64_t stot = 0, rtot = 0, sent = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (sdispls[r] + scounts[r] > stot) stot = sdispls[r] + scounts[r];
+        if (rdispls[r] + rcounts[r] > rtot) rtot = rdispls[r] + rcounts[r];
+        if (r != g->rank) sent += scounts[r];
+    }
+    if (send->dtype != recv->dtype || stot > fs_tensor_numel(send) || rtot > fs_tensor_numel(recv))
+        return fs_errf(e, FS_E_INTERNAL, "all-to-all: buffers do not match the counts");
+    if ((rc = to_int(scounts, g->size, &sc, e)) || (rc = to_int(sdispls, g->size, &sd, e)) ||
+        (rc = to_int(rcounts, g->size, &rcn, e)) || (rc = to_int(rdispls, g->size, &rd, e)))
+        goto out;
+    stage ss, sr;
+    if ((rc = stage_open(send, 0, stot, 1, &ss, e))) goto out;
+    if ((rc = stage_open(recv, 0, rtot, 0, &sr, e))) {
+        stage_close(send, 0, stot, 0, &ss, e);
+        goto out;
+    }
+    count(FS_COMM_ALLTOALL, sent * (int64_t)fs_dtype_size(send->dtype));
+    MPI_Alltoallv(ss.p, sc, sd, mpi_type(send->dtype), sr.p, rcn, rd, mpi_type(recv->dtype), COMM(g));
+    rc = stage_close(send, 0, stot, 0, &ss, e);
+    int rc2 = stage_close(recv, 0, rtot, 1, &sr, e);
+    rc = rc ? rc : rc2;
+out:
+    free(sc);
+    free(sd);
+    free(rcn);
+    free(rd);
+    return rc;
+}
+
+int fs_bcast_t(const fs_group *g, int root, fs_tensor *t, fs_err *e)
+{
+    if (g->size == 1) return FS_OK;
+    const int64_t n = fs_tensor_numel(t);
+    stage s;
+    int rc = stage_open(t, 0, n, g->rank == root, &s, e);
+    if (rc) return rc;
+    fs_bcast(g, root, s.p, fs_tensor_nbytes(t));
+    return stage_close(t, 0, n, g->rank != root, &s, e);
+}
+
+int fs_ring_start(const fs_group *g, const fs_tensor *send, int64_t n, int dst, fs_tensor *recv, int64_t m, int src,
+                  int tag, fs_ring_req *req, fs_err *e)
+{
+    memset(req, 0, sizeof *req);
+    if (n > INT32_MAX || m > INT32_MAX || n > fs_tensor_numel(send) || m > fs_tensor_numel(recv) ||
+        send->dtype != recv->dtype)
+        return fs_errf(e, FS_E_INTERNAL, "ring p2p: %lld / %lld elements do not fit the buffers or MPI's int", (long long)n,
+                       (long long)m);
+    stage ss, sr;
+    int rc = stage_open(send, 0, n, 1, &ss, e);
+    if (rc) return rc;
+    if ((rc = stage_open(recv, 0, m, 0, &sr, e))) {
+        stage_close(send, 0, n, 0, &ss, e);
+        return rc;
+    }
+    MPI_Request *r = malloc(2 * sizeof(MPI_Request));
+    if (!r) {
+        stage_close(send, 0, n, 0, &ss, e);
+        stage_close(recv, 0, m, 0, &sr, e);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    count(FS_COMM_RING_P2P, n * (int64_t)fs_dtype_size(send->dtype));
+    MPI_Irecv(sr.p, (int)m, mpi_type(recv->dtype), src, tag, COMM(g), &r[0]);
+    MPI_Isend(ss.p, (int)n, mpi_type(send->dtype), dst, tag, COMM(g), &r[1]);
+    req->r = r;
+    req->host_send = ss.staged ? ss.p : NULL;
+    req->host_recv = sr.staged ? sr.p : NULL;
+    req->recv = *recv;
+    req->recv.owns = 0;
+    req->recv_bytes = (size_t)m * fs_dtype_size(recv->dtype);
+    return FS_OK;
+}
+
+int fs_ring_wait(fs_ring_req *req, fs_err *e)
+{
+    int rc = FS_OK;
+    if (!req->r) return FS_OK;
+    MPI_Waitall(2, req->r, MPI_STATUSES_IGNORE);
+    free(req->r);
+    req->r = NULL;
+    fs_backend *be = req->recv.be;
+    if (req->host_recv) { /* staged: only now does the received chunk reach backend memory */
+        if (req->recv_bytes)
+            rc = be->upload2d(be, req->recv.data, req->recv_bytes, req->host_recv, req->recv_bytes, req->recv_bytes, 1, e);
+        be->host_free(be, req->host_recv);
+    }
+    if (req->host_send) be->host_free(be, req->host_send);
+    req->host_recv = req->host_send = NULL;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- host collectives */
 
 int fs_allreduce_max_int(const fs_group *g, int v)
 {
@@ -126,54 +361,21 @@ void fs_bcast(const fs_group *g, int root, void *buf, size_t bytes)
     }
 }
 
-static int *to_int(const int64_t *v, int n)
+int fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, void *recv, const int64_t *counts,
+                     const int64_t *displs, fs_err *e)
 {
-    int *o = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) {
-        if (v[i] > INT32_MAX) fs_comm_abort(3); /* a single collective of > 2^31 elements: not supported */
-        o[i] = (int)v[i];
-    }
-    return o;
-}
-
-void fs_allgatherv(const fs_group *g, fs_dtype dt, const void *send, int64_t n, void *recv, const int64_t *counts,
-                   const int64_t *displs)
-{
-    int *c = to_int(counts, g->size), *d = to_int(displs, g->size);
-    if (g->size > 1) count(FS_COMM_ALLGATHER, n * (int64_t)fs_dtype_size(dt));
-    MPI_Allgatherv(send, (int)n, mpi_type(dt), recv, c, d, mpi_type(dt), COMM(g));
-    free(c);
-    free(d);
-}
-
-void fs_alltoallv(const fs_group *g, fs_dtype dt, const void *send, const int64_t *scounts, const int64_t *sdispls,
-                  void *recv, const int64_t *rcounts, const int64_t *rdispls)
-{
-    int *sc = to_int(scounts, g->size), *sd = to_int(sdispls, g->size);
-    int *rc = to_int(rcounts, g->size), *rd = to_int(rdispls, g->size);
-    int64_t sent = 0;
-    for (int r = 0; r < g->size; r++)
-        if (r != g->rank) sent += scounts[r];
-    count(FS_COMM_ALLTOALL, sent * (int64_t)fs_dtype_size(dt));
-    MPI_Alltoallv(send, sc, sd, mpi_type(dt), recv, rc, rd, mpi_type(dt), COMM(g));
-    free(sc);
-    free(sd);
-    free(rc);
-    free(rd);
-}
-
-void fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, void *recv, const int64_t *counts,
-                      const int64_t *displs)
-{
-    int *c = NULL, *d = NULL;
-    if (g->rank == root) {
-        c = to_int(counts, g->size);
-        d = to_int(displs, g->size);
+    int *c = NULL, *d = NULL, rc = FS_OK;
+    if (n > INT32_MAX) return fs_errf(e, FS_E_INPUT, "a gather of %lld bytes exceeds MPI's 2^31 limit", (long long)n);
+    if (g->rank == root && ((rc = to_int(counts, g->size, &c, e)) || (rc = to_int(displs, g->size, &d, e)))) {
+        /* the others are about to send: the caller ends the job */
+        free(c);
+        return rc;
     }
     if (g->rank != root) count(FS_COMM_GATHER, n);
     MPI_Gatherv(send, (int)n, MPI_BYTE, recv, c, d, MPI_BYTE, root, COMM(g));
     free(c);
     free(d);
+    return FS_OK;
 }
 
 void fs_allgather_bytes(const fs_group *g, const void *send, size_t bytes, void *recv)
@@ -184,25 +386,6 @@ void fs_allgather_bytes(const fs_group *g, const void *send, size_t bytes, void 
 void fs_gather_bytes(const fs_group *g, int root, const void *send, size_t bytes, void *recv)
 {
     MPI_Gather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, root, COMM(g));
-}
-
-void fs_ring_start(const fs_group *g, fs_dtype dt, const void *send, int64_t n, int dst, void *recv, int64_t m,
-                   int src, int tag, fs_ring_req *req)
-{
-    MPI_Request *r = malloc(2 * sizeof(MPI_Request));
-    count(FS_COMM_RING_P2P, n * (int64_t)fs_dtype_size(dt));
-    MPI_Irecv(recv, (int)m, mpi_type(dt), src, tag, COMM(g), &r[0]);
-    MPI_Isend(send, (int)n, mpi_type(dt), dst, tag, COMM(g), &r[1]);
-    req->r[0] = r;
-}
-
-void fs_ring_wait(fs_ring_req *req)
-{
-    MPI_Request *r = req->r[0];
-    if (!r) return;
-    MPI_Waitall(2, r, MPI_STATUSES_IGNORE);
-    free(r);
-    req->r[0] = NULL;
 }
 
 _Noreturn void fs_comm_abort(int code)

@@ -2,14 +2,24 @@
  * the simulator reads as plain numerics (the ECP CoMD pattern). No mpi.h here.
  *
  * A group is a communicator plus this rank's place in it: the world, the tensor-parallel group,
- * the Ulysses group, the ring group, the sequence-parallel group (Ulysses x ring). Buffers are
- * typed by fs_dtype; counts and displacements are in elements. Collectives never fail
- * recoverably (MPI's default handler aborts the job): a failed collective cannot leave the other
- * ranks anywhere sensible. */
+ * the Ulysses group, the ring group, the sequence-parallel group (Ulysses x ring).
+ *
+ * Two kinds of collectives:
+ *  - on tensors (fs_*_t): the activations the model exchanges, in any memory space. When the
+ *    tensor's memory is host-addressable (host tensors, the CPU backend) its pointer goes to MPI
+ *    as it is; otherwise (a GPU, cpu-strict) the data is staged through host buffers from the
+ *    backend's host_alloc (pinned on a GPU): download, MPI call, upload. One implementation of
+ *    each collective whatever the backend; the staging is the only difference.
+ *  - on host bytes (fs_bcast, fs_gather_bytes, ...): metadata, verdicts, and what recorders have
+ *    already downloaded.
+ * Counts and displacements are in elements. A collective's MPI errors abort the job (MPI's
+ * default handler); staging failures (out of memory, a failed transfer) are returned — the
+ * caller cannot be left in a collective the others completed, so the CLI then ends the job
+ * (fs_comm_abort) naming the rank. */
 #ifndef FS_COMM_H
 #define FS_COMM_H
 
-#include "fs_common.h"
+#include "fs_tensor.h"
 
 typedef struct fs_group {
     int rank, size;
@@ -30,37 +40,60 @@ void fs_group_free(fs_group *g);
 void fs_group_self(fs_group *out);
 
 void fs_barrier(const fs_group *g);
-/* In-place sum over the group. */
-void fs_allreduce_sum(const fs_group *g, fs_dtype dt, void *buf, int64_t n);
+
+/* ---- collectives on tensors (host or backend memory) ---- */
+/* In-place sum over the group (TP row-parallel partials). float32/float64: MPI_SUM. bfloat16:
+ * the partials are summed in bfloat16, one rounding per addition, rank by rank in the order
+ * fs_comm_set_bf16_order chose — what NCCL's ring all-reduce does on GPUs (its order depends on
+ * the chunk) — identically on every rank. */
+int fs_allreduce_sum_t(const fs_group *g, fs_tensor *t, fs_err *e);
+typedef enum fs_bf16_order {
+    FS_BF16_ORDER_RANK = 0, /* p0 + p1 + ... + p_{T-1} */
+    FS_BF16_ORDER_REVERSE,  /* p_{T-1} + ... + p0 */
+    FS_BF16_ORDER_RING,     /* NCCL's ring: element chunk c of T starts at rank c+1 and goes round */
+} fs_bf16_order;
+void fs_comm_set_bf16_order(fs_bf16_order o);
+/* Variable-size all-gather: rank r contributes counts[r] elements (the first counts[r] of its
+ * `send`), placed at displs[r] of `recv`. */
+int fs_allgatherv_t(const fs_group *g, const fs_tensor *send, fs_tensor *recv, const int64_t *counts,
+                    const int64_t *displs, fs_err *e);
+/* Variable-size all-to-all of elements between tensors of one dtype. */
+int fs_alltoallv_t(const fs_group *g, const fs_tensor *send, const int64_t *scounts, const int64_t *sdispls,
+                   fs_tensor *recv, const int64_t *rcounts, const int64_t *rdispls, fs_err *e);
+/* Broadcast the whole tensor from root into every rank's own tensor (same dtype and numel). */
+int fs_bcast_t(const fs_group *g, int root, fs_tensor *t, fs_err *e);
+
+/* Non-blocking point-to-point for the ring: send the first `n` elements of `send` to `dst` and
+ * receive `m` elements from `src` into the start of `recv` (tag distinguishes K and V).
+ * fs_ring_wait completes both; only then do `recv`'s elements hold the message (staged: they
+ * are uploaded at the wait), and `send` may be reused. */
+typedef struct fs_ring_req {
+    void *r;              /* MPI_Request[2], owned */
+    void *host_send, *host_recv; /* staging buffers (NULL when the tensors are host memory) */
+    fs_tensor recv;       /* where the received bytes go (a view) */
+    size_t recv_bytes;
+} fs_ring_req;
+int fs_ring_start(const fs_group *g, const fs_tensor *send, int64_t n, int dst, fs_tensor *recv, int64_t m, int src,
+                  int tag, fs_ring_req *req, fs_err *e);
+int fs_ring_wait(fs_ring_req *req, fs_err *e);
+
+/* ---- collectives on host memory (metadata, verdicts, recorders' copies) ---- */
 /* In-place max of ints over the group: how every rank agrees on an exit code. */
 int fs_allreduce_max_int(const fs_group *g, int v);
 void fs_allreduce_max_double(const fs_group *g, double *buf, int n);
 void fs_bcast(const fs_group *g, int root, void *buf, size_t bytes);
-/* Variable-size all-gather: rank r contributes counts[r] elements, placed at displs[r]. */
-void fs_allgatherv(const fs_group *g, fs_dtype dt, const void *send, int64_t n, void *recv, const int64_t *counts,
-                   const int64_t *displs);
-/* Variable-size all-to-all of elements. */
-void fs_alltoallv(const fs_group *g, fs_dtype dt, const void *send, const int64_t *scounts, const int64_t *sdispls,
-                  void *recv, const int64_t *rcounts, const int64_t *rdispls);
-/* Gather bytes to root: root receives counts[r] bytes at displs[r] (counts/displs only used at root). */
-void fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, void *recv, const int64_t *counts,
-                      const int64_t *displs);
+/* Gather bytes to root: root receives counts[r] bytes at displs[r] (counts/displs only used at
+ * root; every count below 2^31). */
+int fs_gatherv_bytes(const fs_group *g, int root, const void *send, int64_t n, void *recv, const int64_t *counts,
+                     const int64_t *displs, fs_err *e);
 /* Every rank gets every rank's fixed-size record (recv: size*bytes). */
 void fs_allgather_bytes(const fs_group *g, const void *send, size_t bytes, void *recv);
 /* Gather a fixed-size record of `bytes` from every rank to root (recv: size*bytes at root). */
 void fs_gather_bytes(const fs_group *g, int root, const void *send, size_t bytes, void *recv);
 
-/* Non-blocking point-to-point for the ring: send `n` elements to `dst` and receive `m` from `src`
- * (tag distinguishes K and V). fs_ring_wait completes both. */
-typedef struct fs_ring_req {
-    void *r[2];
-} fs_ring_req;
-void fs_ring_start(const fs_group *g, fs_dtype dt, const void *send, int64_t n, int dst, void *recv, int64_t m,
-                   int src, int tag, fs_ring_req *req);
-void fs_ring_wait(fs_ring_req *req);
-
-/* Stops the whole job with this exit code: for an error on one rank in the middle of a
- * collective sequence, where waiting for agreement would hang the others. */
+/* Ends the whole job with this exit code (MPI_Abort): only the CLI calls it, for an error on
+ * one rank in the middle of a collective sequence, where waiting for agreement would hang the
+ * others. The library never exits. */
 _Noreturn void fs_comm_abort(int code);
 
 /* Bytes this rank sent per kind of collective since the last reset: how docs/parallel.md's

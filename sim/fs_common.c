@@ -33,5 +33,15 @@ int fs_err_prefix(fs_err *e, const char *fmt, ...)
     return e->code;
 }
 
-size_t fs_dtype_size(fs_dtype dt) { return dt == FS_F64 ? 8 : 4; }
-const char *fs_dtype_name(fs_dtype dt) { return dt == FS_F64 ? "float64" : "float32"; }
+size_t fs_dtype_size(fs_dtype dt) { return dt == FS_F64 ? 8 : dt == FS_BF16 ? 2 : 4; }
+const char *fs_dtype_name(fs_dtype dt) { return dt == FS_F64 ? "float64" : dt == FS_BF16 ? "bfloat16" : "float32"; }
+
+const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    if (!buf || n == 0) return buf;
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_version.h" /* FS_VERSION: one version for flux-sim and flux-oracle */
+
 /* Error codes double as process exit codes where that makes sense (2 = usage/input error,
  * the h5diff convention that flux-oracle and --check follow). */
 enum {
@@ -54,6 +56,10 @@ static inline float fs_bf16_to_float(uint16_t h)
 }
 /* round a float to the nearest bfloat16 value, kept as a float */
 static inline float fs_bf16_round(float f) { return fs_bf16_to_float(fs_bf16_from_float(f)); }
+
+/* "[1, 64, 128]" ("[]" for ndim 0) into buf, cut to fit n. The one shape formatter of the
+ * project (tensors, dump datasets, messages), so shapes read the same in every message. */
+const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 #define FS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -20,12 +20,20 @@ void fs_debug_wait_for_debugger(int rank)
     while (fs_debug_wait) sleep(1);
 }
 
-void fs_debug_print_tensor(const fs_tensor *t, int64_t first, int64_t n)
+void fs_debug_print_tensor(const fs_tensor *dev, int64_t first, int64_t n)
 {
-    if (!t || !t->data) {
+    if (!dev || !dev->data) {
         fprintf(stdout, "(no tensor)\n");
         return;
     }
+    /* a tensor in backend memory (a GPU, cpu-strict) is downloaded first: gdb can pass any */
+    fs_tensor host;
+    fs_err e = {0};
+    if (fs_tensor_host_view(dev, &host, &e)) {
+        fprintf(stdout, "(cannot download the tensor: %s)\n", e.msg);
+        return;
+    }
+    const fs_tensor *t = &host;
     char s[96];
     int64_t N = fs_tensor_numel(t), nan = 0, inf = 0, fin = 0;
     double mn = INFINITY, mx = -INFINITY, sum = 0, sum2 = 0;
@@ -49,4 +57,5 @@ void fs_debug_print_tensor(const fs_tensor *t, int64_t first, int64_t n)
     for (int64_t i = first; i < first + n && i < N; i++) fprintf(stdout, " %.7g", fs_tensor_get(t, i));
     fprintf(stdout, "\n");
     fflush(stdout); /* gdb prints around it: keep the order */
+    fs_tensor_free(&host);
 }

@@ -10,9 +10,11 @@
  * same format/version checks with the same messages. */
 #include "fs_dump.h"
 
+#include "fs_cleanup.h"
 #include "fs_comm.h"
 
 #include "fo_dump.h"
+#include "fs_h5err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +51,7 @@ struct fs_dump {
     int failed;      /* sticky: once a write failed, close refuses to publish the file */
     int deflate;     /* 0: no filters, every dataset contiguous; 1-9: shuffle + deflate level */
     int wrote_inputs, wrote_final;
+    int registered;  /* tmp is in the cleanup registry (fs_cleanup.h) */
     char **order;    /* dataset names of the open step, in recording order */
     int n_order, cap_order;
     const fs_group *g; /* parallel HDF5 over g, or NULL */
@@ -59,20 +62,8 @@ static int writes_whole(const fs_dump *d) { return !d->g || d->g->rank == 0; }
 
 /* ---------- HDF5 helpers ---------- */
 
-static herr_t err_walk_cb(unsigned n, const H5E_error2_t *err, void *data)
-{
-    if (n == 0 && err->desc) snprintf((char *)data, 256, "%s", err->desc);
-    return 0;
-}
-
-/* The innermost HDF5 error description, for the cause part of a one-line message. */
-static const char *h5_cause(char buf[256])
-{
-    buf[0] = 0;
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, err_walk_cb, buf);
-    if (!buf[0]) snprintf(buf, 256, "HDF5 error");
-    return buf;
-}
+/* The innermost HDF5 error description, as one clean line (fs_h5err.h). */
+static const char *h5_cause(char buf[256]) { return fs_h5_cause(buf, 256); }
 
 /* A variable-length UTF-8 C string type: what h5py uses for Python str. */
 static hid_t vlen_utf8(void)
@@ -125,6 +116,7 @@ static herr_t put_f64(hid_t obj, const char *name, double v)
     return put_num(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v);
 }
 
+/* bfloat16 is stored as float32 (exact; HDF5 has no bfloat16), as flux-dump says */
 static hid_t file_type(fs_dtype dt) { return dt == FS_F64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE; }
 static hid_t mem_type(fs_dtype dt) { return dt == FS_F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 
@@ -179,18 +171,38 @@ static int select_piece(hid_t space, int ndim, const hsize_t *dims, const fs_sha
     return 0;
 }
 
-static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
+static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *dev,
                                fs_dtype stored, const fs_shard *sh, const int64_t *gshape, int write, fs_err *e)
 {
     char cause[256];
-    if (t->ndim < 1 || t->ndim > FS_MAX_DIMS)
+    if (dev->ndim < 1 || dev->ndim > FS_MAX_DIMS)
         return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor rank %d out of range 1..%d", d->tmp, where, name,
-                         t->ndim, FS_MAX_DIMS);
+                         dev->ndim, FS_MAX_DIMS);
     hsize_t dims[FS_MAX_DIMS], chunk[FS_MAX_DIMS];
-    int64_t numel = fs_tensor_numel(t);
-    for (int i = 0; i < t->ndim; i++) chunk[i] = dims[i] = (hsize_t)(gshape ? gshape[i] : t->shape[i]);
-    if (numel > 0 && !t->data)
+    int64_t numel = fs_tensor_numel(dev);
+    for (int i = 0; i < dev->ndim; i++) chunk[i] = dims[i] = (hsize_t)(gshape ? gshape[i] : dev->shape[i]);
+    if (numel > 0 && !dev->data)
         return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor has no data", d->tmp, where, name);
+    /* the recorder downloads what it writes (a view, no copy, when the tensor is host-addressable) */
+    fs_tensor host = *dev;
+    host.owns = 0;
+    if (write && numel > 0 && fs_tensor_host_view(dev, &host, e)) {
+        d->failed = 1;
+        return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+    }
+    fs_tensor wide = {0}; /* bfloat16 values widened to float32 (exact) for writing */
+    if (write && numel > 0 && host.dtype == FS_BF16) {
+        int rc = fs_tensor_alloc(&wide, FS_F32, host.ndim, host.shape, e);
+        if (!rc) rc = fs_tensor_copy(&wide, &host, e);
+        fs_tensor_free(&host);
+        if (rc) {
+            d->failed = 1;
+            return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+        }
+        host = wide;
+        wide = (fs_tensor){0};
+    }
+    const fs_tensor *t = &host;
 
     int rc = FS_OK;
     hid_t space = H5Screate_simple(t->ndim, dims, NULL);
@@ -200,7 +212,7 @@ static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const c
     if (d->deflate > 0 && numel >= FS_DUMP_CHUNK_MIN) {
         /* One chunk = the whole dataset (a reader wants all of it anyway), halved along the
          * leading dimensions only if it would exceed HDF5's chunk size limit. */
-        size_t esz = fs_dtype_size(stored);
+        size_t esz = H5Tget_size(file_type(stored));
         for (;;) {
             hsize_t bytes = esz;
             for (int i = 0; i < t->ndim; i++) bytes *= chunk[i];
@@ -243,6 +255,7 @@ out:
     if (ds >= 0) H5Dclose(ds);
     if (dcpl >= 0) H5Pclose(dcpl);
     if (space >= 0) H5Sclose(space);
+    fs_tensor_free(&host);
     return rc;
 }
 
@@ -402,6 +415,9 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         free(d);
         return rc;
     }
+    /* from here until the rename, a process that dies deletes it (every rank of a parallel dump
+     * knows the name, so any of them can) */
+    if (fs_cleanup_add(d->tmp) == 0) d->registered = 1;
 
     char *json = NULL;
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
@@ -675,6 +691,7 @@ int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e)
 /* Releases everything but the file on disk. */
 static void dump_free(fs_dump *d)
 {
+    if (d->registered) fs_cleanup_remove(d->tmp);
     if (d->step >= 0) H5Gclose(d->step);
     if (d->gcpl >= 0) H5Pclose(d->gcpl);
     if (d->file >= 0) H5Fclose(d->file);

@@ -93,22 +93,34 @@ int fs_pieces_first_holder(const fs_piece *all, int W, int r)
     return r;
 }
 
-int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard *sh, fs_gathered *g, fs_err *e)
+int fs_gather_to_root(const fs_group *world, const fs_tensor *dev, const fs_shard *sh, fs_gathered *g, fs_err *e)
 {
     memset(g, 0, sizeof *g);
     const int W = world->size, root = 0, me = world->rank;
+    /* the bytes this rank contributes, downloaded (a view when host-addressable) */
+    fs_tensor host;
+    int rc = fs_tensor_host_view(dev, &host, e);
+    if (rc) return rc; /* the others go on into the gather: the CLI ends the job */
+    const fs_tensor *t = &host;
     fs_piece mine = fs_piece_of(t, sh);
     mine.hash = fs_hash_bytes(t->data, fs_tensor_nbytes(t));
     g->world = W;
     if (me == root) {
         g->pieces = calloc((size_t)W, sizeof *g->pieces);
         g->group = calloc((size_t)W, sizeof *g->group);
-        if (!g->pieces || !g->group) fs_comm_abort(FS_E_NOMEM);
+        if (!g->pieces || !g->group) {
+            fs_tensor_free(&host);
+            return fs_errf(e, FS_E_NOMEM, "out of memory gathering %d pieces", W);
+        }
     }
     fs_gather_bytes(world, root, &mine, sizeof mine, g->pieces);
 
     /* rank 0: group identical pieces, compare their hashes, choose senders */
     unsigned char *send = calloc((size_t)W, 1);
+    if (!send) {
+        fs_tensor_free(&host);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
     if (me == root) {
         size_t o = 0;
         for (int r = 0; r < W; r++) {
@@ -137,19 +149,17 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
     char *buf = NULL;
     if (me == root) {
         cnt = malloc(sizeof(int64_t) * 2 * (size_t)W);
-        dsp = cnt + W;
-        for (int r = 0; r < W; r++) {
+        dsp = cnt ? cnt + W : NULL;
+        for (int r = 0; cnt && r < W; r++) {
             cnt[r] = send[r] ? g->pieces[r].nbytes : 0;
             dsp[r] = total;
             total += cnt[r];
         }
         buf = malloc((size_t)total + 1);
-        if (!buf) fs_comm_abort(FS_E_NOMEM);
+        if (!cnt || !buf) rc = fs_errf(e, FS_E_NOMEM, "out of memory assembling %lld bytes", (long long)total);
     }
-    fs_gatherv_bytes(world, root, t->data, send[me] ? mine.nbytes : 0, buf, cnt, dsp);
-
-    int rc = FS_OK;
-    if (me == root) {
+    if (!rc) rc = fs_gatherv_bytes(world, root, t->data, send[me] ? mine.nbytes : 0, buf, cnt, dsp, e);
+    if (!rc && me == root) {
         int64_t gshape[FS_MAX_DIMS];
         int shape_ok = fs_pieces_global_shape(g->pieces, W, gshape) == 0;
         if (!shape_ok) {
@@ -163,6 +173,13 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
         } else if ((rc = fs_tensor_alloc(&g->global, t->dtype, g->pieces[0].ndim, gshape, e)) == FS_OK) {
             const int64_t N = fs_tensor_numel(&g->global);
             unsigned char *cov = calloc((size_t)N + 1, 1);
+            if (!cov) {
+                free(send);
+                free(buf);
+                free(cnt);
+                fs_tensor_free(&host);
+                return fs_errf(e, FS_E_NOMEM, "out of memory");
+            }
             const size_t es = fs_dtype_size(t->dtype);
             for (int r = 0; r < W; r++) {
                 if (!send[r]) continue;
@@ -201,6 +218,7 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *t, const fs_shard 
     free(send);
     free(buf);
     free(cnt);
+    fs_tensor_free(&host);
     return rc;
 }
 

@@ -1,5 +1,7 @@
 #include "fs_inject.h"
 
+#include "fs_plan.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,10 @@ static const struct {
                                      "NeMo Automodel#1324"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom"},
+    [FS_INJ_FAIL_RANK] = {"fail-rank:RANK:MODULE:STEP",
+                          "a fault, not a bug: RANK fails with an out-of-memory error at MODULE, STEP while the others "
+                          "wait in a collective (the job must end, naming the rank, not hang)",
+                          ""},
 };
 
 int fs_inject_nan_fired;
@@ -56,27 +62,78 @@ const char *fs_inject_catalogue(void)
     return buf;
 }
 
+static int parse_at(const char *spec, const char *prefix, fs_inject_at *at, fs_err *e)
+{
+    char mod[192];
+    int r, st;
+    const char *p = spec + strlen(prefix), *c1 = strchr(p, ':'), *c2 = c1 ? strrchr(c1 + 1, ':') : NULL;
+    if (!c1 || !c2 || c2 == c1 || sscanf(p, "%d", &r) != 1 || sscanf(c2 + 1, "%d", &st) != 1 ||
+        (size_t)(c2 - c1 - 1) >= sizeof mod || r < 0 || st < 0)
+        return fs_errf(e, FS_E_INPUT, "--inject %s: expected %sRANK:MODULE:STEP", spec, prefix);
+    memcpy(mod, c1 + 1, (size_t)(c2 - c1 - 1));
+    mod[c2 - c1 - 1] = 0;
+    at->rank = r;
+    at->step = st;
+    snprintf(at->module, sizeof at->module, "%s", mod);
+    return FS_OK;
+}
+
 int fs_inject_add(fs_inject *in, const char *spec, fs_err *e)
 {
     if (!strncmp(spec, "nan-rank:", 9)) {
-        char mod[192];
-        int r, st;
-        const char *p = spec + 9, *c1 = strchr(p, ':'), *c2 = c1 ? strrchr(c1 + 1, ':') : NULL;
-        if (!c1 || !c2 || c2 == c1 || sscanf(p, "%d", &r) != 1 || sscanf(c2 + 1, "%d", &st) != 1 ||
-            (size_t)(c2 - c1 - 1) >= sizeof mod || r < 0 || st < 0)
-            return fs_errf(e, FS_E_INPUT, "--inject %s: expected nan-rank:RANK:MODULE:STEP", spec);
-        memcpy(mod, c1 + 1, (size_t)(c2 - c1 - 1));
-        mod[c2 - c1 - 1] = 0;
         in->mask |= 1u << FS_INJ_NAN_RANK;
-        in->nan_rank = r;
-        in->nan_step = st;
-        snprintf(in->nan_module, sizeof in->nan_module, "%s", mod);
-        return FS_OK;
+        return parse_at(spec, "nan-rank:", &in->nan, e);
+    }
+    if (!strncmp(spec, "fail-rank:", 10)) {
+        in->mask |= 1u << FS_INJ_FAIL_RANK;
+        return parse_at(spec, "fail-rank:", &in->fail, e);
     }
     for (int i = 0; i < FS_INJ_COUNT; i++)
-        if (i != FS_INJ_NAN_RANK && !strcmp(spec, cat[i].name)) {
+        if (i != FS_INJ_NAN_RANK && i != FS_INJ_FAIL_RANK && !strcmp(spec, cat[i].name)) {
             in->mask |= 1u << i;
             return FS_OK;
         }
     return fs_errf(e, FS_E_INPUT, "--inject: unknown bug '%s' (flux-sim --inject list)", spec);
+}
+
+int fs_inject_strikes(const fs_inject_at *at, int rank, const char *module, int step)
+{
+    return rank == at->rank && step == at->step && !strcmp(module, at->module);
+}
+
+/* AdaLN modulation linears: norm1.linear, norm1_context.linear (double blocks), norm.linear
+ * (single blocks), norm_out.linear. */
+static int is_adaln_linear(const char *m)
+{
+    return strstr(m, "norm1.linear") || strstr(m, "norm1_context.linear") || strstr(m, ".norm.linear") ||
+           !strcmp(m, "norm_out.linear");
+}
+
+void fs_inject_tp_split(const fs_inject *in, const char *module, int T, int t, fs_tp_split *s)
+{
+    if (!in || T < 2) return;
+    if (fs_injected(in, FS_INJ_PROJ_OUT_CONTIGUOUS) && s->style == FS_TP_PACKED_ROWWISE && s->K) {
+        /* seed 000 TP-1: columns [t·K/T, (t+1)·K/T) of the [attn | mlp] input, as if it were one
+         * contiguous row-parallel input; the rank's input is still [attn_t | mlp_t] */
+        s->nc = 1;
+        s->c[0][0] = t * (s->K / T);
+        s->c[0][1] = (t + 1) * (s->K / T);
+    }
+    if (fs_injected(in, FS_INJ_ADALN_SHARDED) && s->style == FS_TP_REPLICATE && is_adaln_linear(module) && s->K &&
+        s->K % T == 0) {
+        s->style = FS_TP_ROWWISE; /* each rank its slice of SiLU(temb) and of W's columns ... */
+        s->nc = 1;
+        s->c[0][0] = t * (s->K / T);
+        s->c[0][1] = (t + 1) * (s->K / T);
+        s->input_replicated = 1;
+        s->reduce = 0; /* ... and no all-reduce: every rank modulates with its own partial sum */
+    }
+    if (fs_injected(in, FS_INJ_MISSING_ALLREDUCE) && s->reduce) s->reduce = 0; /* partial + bias, as is */
+    if (fs_injected(in, FS_INJ_ROWWISE_BIAS_EVERY_RANK) && s->reduce) s->bias_before_reduce = 1;
+}
+
+int fs_inject_lse_layout_assumed(const fs_inject *in, int declared)
+{
+    /* FS_LSE_BHS = 0, FS_LSE_BSH = 1 (fs_backend.h) */
+    return fs_injected(in, FS_INJ_LSE_LAYOUT) ? !declared : declared;
 }

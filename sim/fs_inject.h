@@ -24,13 +24,19 @@ typedef enum fs_inj_id {
     FS_INJ_NAN_RANK,
     FS_INJ_SEQ_UNEVEN_CHUNK,
     FS_INJ_FUSED_QKV_CONTIGUOUS,
+    FS_INJ_FAIL_RANK,
     FS_INJ_COUNT
 } fs_inj_id;
 
+/* nan-rank:RANK:MODULE:STEP and fail-rank:RANK:MODULE:STEP: where the fault strikes */
+typedef struct fs_inject_at {
+    int rank, step;
+    char module[192];
+} fs_inject_at;
+
 typedef struct fs_inject {
-    unsigned mask;        /* bit per fs_inj_id */
-    int nan_rank, nan_step;
-    char nan_module[192]; /* nan-rank:RANK:MODULE:STEP */
+    unsigned mask;   /* bit per fs_inj_id */
+    fs_inject_at nan, fail;
 } fs_inject;
 
 /* Set when nan-rank actually planted its NaN (a spec naming no module, step or rank of the run
@@ -42,5 +48,19 @@ int fs_inject_add(fs_inject *in, const char *spec, fs_err *e);
 static inline int fs_injected(const fs_inject *in, fs_inj_id id) { return in && (in->mask >> id) & 1u; }
 /* The catalogue, one line per bug: name, what it does, where it comes from. */
 const char *fs_inject_catalogue(void);
+
+/* ---- Hooks. Each re-creates its bug inside the real code path it belongs to, and is a no-op
+ * without --inject; the call sites read as the correct code plus one visible hook. ---- */
+struct fs_tp_split;
+/* The TP split of a Linear (fs_tp_split_of), made wrong: proj-out-contiguous (packed_rowwise cut
+ * as contiguous columns), adaln-sharded (AdaLN modulation linears split row-parallel on their
+ * replicated input, never all-reduced), missing-allreduce (row-parallel partials used as they
+ * are), rowwise-bias-every-rank (the bias added on every rank before the all-reduce). */
+void fs_inject_tp_split(const fs_inject *in, const char *module, int T, int t, struct fs_tp_split *s);
+/* The LSE layout the ring code assumes the attention kernel handed back: the kernel's declared
+ * one, or — lse-layout, seed 001 — the other one (a layout guessed instead of read). */
+int fs_inject_lse_layout_assumed(const fs_inject *in, int declared);
+/* nan-rank / fail-rank: does the fault strike on `rank` at (`module`, `step`)? */
+int fs_inject_strikes(const fs_inject_at *at, int rank, const char *module, int step);
 
 #endif

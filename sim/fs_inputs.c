@@ -38,3 +38,39 @@ int fs_inputs_alloc(fs_inputs *in, const fs_config *c, fs_dtype dt, int B, int S
     }
     return FS_OK;
 }
+
+int fs_inputs_convert(fs_inputs *in, fs_dtype dt, fs_err *e)
+{
+    fs_tensor *act[3] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections};
+    for (int k = 0; k < 3; k++) {
+        fs_tensor c;
+        if (act[k]->dtype == dt) continue;
+        int rc = fs_tensor_alloc(&c, dt, act[k]->ndim, act[k]->shape, e);
+        if (!rc) rc = fs_tensor_copy(&c, act[k], e);
+        if (rc) return rc;
+        fs_tensor_free(act[k]);
+        *act[k] = c;
+    }
+    return FS_OK;
+}
+
+int fs_inputs_copy(fs_inputs *dst, const fs_inputs *src, fs_err *e)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->B = src->B, dst->S_img = src->S_img, dst->S_txt = src->S_txt, dst->n_steps = src->n_steps;
+    dst->has_guidance = src->has_guidance;
+    const fs_tensor *from[] = {&src->hidden_states, &src->encoder_hidden_states, &src->pooled_projections, &src->img_ids,
+                               &src->txt_ids, &src->guidance, &src->sigmas, &src->timesteps};
+    fs_tensor *to[] = {&dst->hidden_states, &dst->encoder_hidden_states, &dst->pooled_projections, &dst->img_ids,
+                       &dst->txt_ids, &dst->guidance, &dst->sigmas, &dst->timesteps};
+    for (size_t k = 0; k < FS_ARRAY_LEN(to); k++) {
+        if (!from[k]->ndim) continue;
+        int rc = fs_tensor_alloc(to[k], from[k]->dtype, from[k]->ndim, from[k]->shape, e);
+        if (!rc) rc = fs_tensor_copy(to[k], from[k], e);
+        if (rc) {
+            fs_inputs_free(dst);
+            return rc;
+        }
+    }
+    return FS_OK;
+}

@@ -26,5 +26,11 @@ typedef struct fs_inputs {
 int fs_inputs_alloc(fs_inputs *in, const fs_config *c, fs_dtype dt, int B, int S_img, int S_txt, int n_steps,
                     int has_guidance, fs_err *e);
 void fs_inputs_free(fs_inputs *in);
+/* The activations (noise, text embeddings, pooled vector) converted to dtype dt; ids and the
+ * schedule stay float64. --match bf16 makes the inputs in bfloat16 (as a bf16 pipeline would),
+ * then converts them exactly to its float64 run. */
+int fs_inputs_convert(fs_inputs *in, fs_dtype dt, fs_err *e);
+/* A deep copy of src (same dtypes). */
+int fs_inputs_copy(fs_inputs *dst, const fs_inputs *src, fs_err *e);
 
 #endif

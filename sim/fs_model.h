@@ -15,27 +15,36 @@
 typedef struct fs_model {
     fs_config cfg;
     fs_dtype dtype;
-    const fs_weights *w;
-    fs_backend *be;
+    const fs_weights *w; /* in be's memory: fs_weights_on (TP runs: this rank's shard) */
+    fs_backend *be;      /* where every activation lives and every op runs */
     fs_recorder rec;  /* fn == NULL: record nothing */
     int step;          /* denoising step of this call (set by fs_sample; for --inject nan-rank) */
+    int match_bf16;    /* --match bf16: the inputs' timesteps and guidance are what a bf16 transformer
+                          embeds, /1000 (fs_inputs_match_bf16); embed x·1000 rounded to bf16 exactly
+                          (docs/bf16.md) */
     const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
                           rank's tokens (see fs_par.h) and TP follows par->plan. */
 } fs_model;
 
 /* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],
- * pooled [B,pooled] in the run dtype; timestep[B] exactly as FluxPipeline passes it (σ-like,
+ * pooled [B,pooled] in the run dtype, in m->be's memory (fs_sample uploads them); timestep[B] exactly as FluxPipeline passes it (σ-like,
  * already divided by 1000); guidance[B] (e.g. 3.5) or NULL when the config has no guidance
- * embedder; img_ids [S_img,3], txt_ids [S_txt,3] float64. `out` is allocated here:
- * [B, S_img, out_width]. With m->par, S_img and S_txt are this rank's local token counts and the
+ * embedder; img_ids [S_img,3], txt_ids [S_txt,3] float64 host tensors. `out` is allocated here,
+ * in m->be's memory: [B, S_img, out_width]. With m->par, S_img and S_txt are this rank's local token counts and the
  * ids its tokens' global ids. */
 int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
                      const fs_tensor *pooled, const double *timestep, const double *guidance,
                      const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);
 
+/* What a bf16 transformer embeds for a timestep or guidance x it is passed:
+ * `x.to(bfloat16) * 1000` in bfloat16, i.e. bf16(bf16(x)·1000) — guidance 3.5 → 3504, a timestep
+ * 0.828125 → 828. The one place this rule is written (the bf16 forward, --match bf16). */
+double fs_bf16_embedded(double x);
+
 /* Building blocks exposed for unit tests (all follow diffusers' arithmetic order). */
 
-/* Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin] of t·freq_j,
+/* Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin] of t·freq_j (host
+ * tensors; the forward uploads them),
  * freq_j = exp(-ln(10000)·j/128). In an fp32 run evaluated in float32 exactly as diffusers
  * does (this dominates diffusers' own fp32 error); in fp64 in double. t [B] → out [B, 256]. */
 int fs_time_proj(fs_dtype dt, const double *t, int B, fs_tensor *out, fs_err *e);

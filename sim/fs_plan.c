@@ -178,3 +178,45 @@ fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *mod
         }
     return FS_TP_REPLICATE;
 }
+
+int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T, int t,
+                   const fs_inject *inj, fs_tp_split *s, fs_err *e)
+{
+    int64_t widths[2] = {0, 0};
+    *s = (fs_tp_split){.style = FS_TP_REPLICATE, .N = N, .K = K, .r0 = 0, .r1 = N, .nc = 1, .c = {{0, K}}};
+    if (T > 1) s->style = fs_plan_lookup(p, c, module, widths, NULL);
+    switch (s->style) {
+    case FS_TP_REPLICATE: break;
+    case FS_TP_COLWISE: /* output rows; the bias follows them */
+        if (N % T)
+            return fs_errf(e, FS_E_INPUT, "%s: colwise over tp %d needs its %lld output features divisible by it", module,
+                           T, (long long)N);
+        s->r0 = t * (N / T);
+        s->r1 = (t + 1) * (N / T);
+        s->bias_sharded = 1;
+        break;
+    case FS_TP_ROWWISE: /* input columns; partials all-reduced, the whole bias added once after */
+        if (K % T)
+            return fs_errf(e, FS_E_INPUT, "%s: rowwise over tp %d needs its %lld input features divisible by it", module,
+                           T, (long long)K);
+        s->c[0][0] = t * (K / T);
+        s->c[0][1] = (t + 1) * (K / T);
+        s->reduce = 1;
+        break;
+    case FS_TP_PACKED_ROWWISE: { /* x = [a_t | b_t]: columns t·A/T.. and A + t·B/T.. */
+        const int64_t A = widths[0], Bw = widths[1];
+        if ((K && A + Bw != K) || A % T || Bw % T)
+            return fs_errf(e, FS_E_INPUT, "%s: packed_rowwise widths %lld,%lld do not split %lld input features over tp %d",
+                           module, (long long)A, (long long)Bw, (long long)K, T);
+        s->nc = 2;
+        s->c[0][0] = t * (A / T);
+        s->c[0][1] = (t + 1) * (A / T);
+        s->c[1][0] = A + t * (Bw / T);
+        s->c[1][1] = A + (t + 1) * (Bw / T);
+        s->reduce = 1;
+        break;
+    }
+    }
+    fs_inject_tp_split(inj, module, T, t, s); /* --inject: the wrong split, on purpose */
+    return FS_OK;
+}

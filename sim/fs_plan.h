@@ -18,6 +18,7 @@
 #define FS_PLAN_H
 
 #include "fs_config.h"
+#include "fs_inject.h"
 
 typedef enum fs_tp_style { FS_TP_REPLICATE = 0, FS_TP_COLWISE, FS_TP_ROWWISE, FS_TP_PACKED_ROWWISE } fs_tp_style;
 
@@ -42,5 +43,44 @@ void fs_plan_free(fs_plan *p);
  * against the config. A rule's index (or -1) in *rule. */
 fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *module, int64_t widths[2], int *rule);
 const char *fs_tp_style_name(fs_tp_style s);
+
+/* ---- The TP split of one Linear: the ONE place the slicing arithmetic lives ----
+ *
+ * What TP rank t of T holds and computes of Linear `module` (weight [N, K], bias [N]) under the
+ * plan. Weights (fs_weights_shard_of), linear() in fs_model.c, --check's sharding map and the
+ * dump's `sharding` attribute all take their ranges from here. For the built-in plan and
+ * FLUX.1-dev (D = 3072, T = 4, rank t):
+ *   attn.to_q/to_k/to_v, add_*_proj, ff*.net.0.proj, proj_mlp   colwise   rows [t·N/4, (t+1)·N/4)
+ *                                    (q/k/v: heads [6t, 6t+6) of 24, head-major columns)
+ *   attn.to_out.0, to_add_out, ff*.net.2                        rowwise   cols [t·K/4, (t+1)·K/4)
+ *   single_transformer_blocks.*.proj_out                        packed_rowwise D,4D: cols
+ *                                    [768t, 768t+768) ∪ 3072 + [3072t, 3072t+3072) — the input is
+ *                                    this rank's cat([attn_shard, mlp_shard])
+ *   everything else (AdaLN linears, embedders, norm_out, proj_out)  replicate
+ * Uneven widths are refused (FS_E_INPUT naming the module): N % T for colwise, K % T for
+ * rowwise, A % T or B % T for packed_rowwise. */
+typedef struct fs_tp_split {
+    fs_tp_style style;
+    int64_t N, K;         /* global output / input features */
+    int64_t r0, r1;       /* weight rows = output features this rank computes */
+    int nc;               /* input column intervals this rank holds (2 for packed_rowwise) */
+    int64_t c[2][2];
+    int bias_sharded;     /* colwise: the bias follows the rows; else the whole bias */
+    int reduce;           /* partial sums all-reduced over the TP group, then the bias, once */
+    int input_replicated; /* the input arrives whole; the rank takes its columns itself */
+    int bias_before_reduce; /* (only under --inject rowwise-bias-every-rank) */
+} fs_tp_split;
+/* K = 0 (a bias on its own): rows only. `inj` (NULL: none) lets --inject re-create the wrong
+ * splits people write (fs_inject_tp_split): applied here, after the correct split, in one
+ * visible hook. */
+int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T, int t,
+                   const fs_inject *inj, fs_tp_split *s, fs_err *e);
+/* Input features this rank's piece of the weight holds (sum of the column intervals). */
+static inline int64_t fs_tp_split_cols(const fs_tp_split *s)
+{
+    int64_t n = 0;
+    for (int i = 0; i < s->nc; i++) n += s->c[i][1] - s->c[i][0];
+    return n;
+}
 
 #endif

@@ -1,6 +1,7 @@
 #include "fs_rng.h"
 
 #include <math.h>
+#include <stdint.h>
 
 static inline uint64_t mix64(uint64_t z)
 {
@@ -40,7 +41,7 @@ double fs_rng_normal(uint64_t key, uint64_t index)
     return r * ((index & 1) ? sin(th) : cos(th));
 }
 
-void fs_rng_normal_fill(uint64_t key, uint64_t first, int64_t n, double *out)
+void fs_rng_normal_fill_scalar(uint64_t key, uint64_t first, int64_t n, double *out)
 {
     int64_t i = 0;
     if (n > 0 && (first & 1)) { /* odd start: the sin half of a pair */
@@ -54,4 +55,28 @@ void fs_rng_normal_fill(uint64_t key, uint64_t first, int64_t n, double *out)
         out[i + 1] = r * s;
     }
     if (i < n) out[i] = fs_rng_normal(key, first + (uint64_t)i);
+}
+
+void fs_rng_normal_fill(uint64_t key, uint64_t first, int64_t n, double *out)
+{
+    if (n <= 0) return;
+    if (!fs_rng_fast_enabled()) {
+        fs_rng_normal_fill_scalar(key, first, n, out);
+        return;
+    }
+    /* Whole pairs go straight into out; a half pair at either end (odd first, odd end) is
+     * generated whole into a scratch pair and the wanted half copied. */
+    int64_t i = 0;
+    double two[2];
+    if (first & 1) {
+        fs_rng_fast_pairs(key, first >> 1, 1, two);
+        out[i++] = two[1];
+    }
+    const int64_t npairs = (n - i) / 2;
+    if (npairs) fs_rng_fast_pairs(key, (first + (uint64_t)i) >> 1, npairs, out + i);
+    i += 2 * npairs;
+    if (i < n) {
+        fs_rng_fast_pairs(key, (first + (uint64_t)i) >> 1, 1, two);
+        out[i] = two[0];
+    }
 }

@@ -579,7 +579,7 @@ static inline float f32_from_bits(uint32_t u)
     return f;
 }
 
-float fs_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+float fs_bf16_to_f32(uint16_t h) { return fs_bf16_to_float(h); }
 
 float fs_f16_to_f32(uint16_t h)
 {
@@ -619,6 +619,28 @@ int fs_st_decode(const fs_st_entry *en, int64_t first, int64_t count, fs_dtype d
                        (long long)first, (long long)(first + count), (long long)n);
     const unsigned char *s = (const unsigned char *)en->data + (size_t)first * st_dtypes[en->dtype].size;
     int to64 = dst_dt == FS_F64;
+    if (dst_dt == FS_BF16) { /* a bf16 run: bf16 stays bits; anything else via float32, rounded once */
+        if (en->dtype == FS_ST_BF16) {
+            memcpy(dst, s, (size_t)count * 2);
+            return FS_OK;
+        }
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < count; i++) {
+            float f;
+            if (en->dtype == FS_ST_F32) memcpy(&f, s + (size_t)i * 4, 4);
+            else if (en->dtype == FS_ST_F64) {
+                double v;
+                memcpy(&v, s + (size_t)i * 8, 8);
+                f = (float)v;
+            } else {
+                uint16_t h;
+                memcpy(&h, s + (size_t)i * 2, 2);
+                f = fs_f16_to_f32(h);
+            }
+            d[i] = fs_bf16_from_float(f);
+        }
+        return FS_OK;
+    }
     switch (en->dtype) {
     case FS_ST_F32:
         if (to64) DECODE_LOOP(float, ID, double);

@@ -49,10 +49,26 @@ int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype
         }
         sigmas[i] = out;
         float t1000 = out * 1000.0f; /* scheduler.timesteps, float32 */
-        timesteps[i] = dt == FS_F32 ? (double)(t1000 / 1000.0f) : (double)t1000 / 1000.0;
+        /* what the pipeline passes, `t.expand(B).to(latents.dtype) / 1000`: a float32 division,
+         * the reference's float64 one, or for bf16 latents a bf16 cast and a bf16 division */
+        timesteps[i] = dt == FS_F32    ? (double)(t1000 / 1000.0f)
+                       : dt == FS_BF16 ? (double)fs_bf16_round(fs_bf16_round(t1000) / 1000.0f)
+                                       : (double)t1000 / 1000.0;
     }
     sigmas[N] = 0.0;
     return FS_OK;
+}
+
+void fs_inputs_match_bf16(fs_inputs *in)
+{
+    for (int i = 0; i < in->n_steps; i++) {
+        double *t = &((double *)in->timesteps.data)[i];
+        *t = fs_bf16_embedded(*t) / 1000.0;
+    }
+    for (int b = 0; in->has_guidance && b < in->B; b++) {
+        double *g = &((double *)in->guidance.data)[b];
+        *g = fs_bf16_embedded(*g) / 1000.0;
+    }
 }
 
 static int fill_normal(fs_tensor *t, uint64_t seed, const char *name)
@@ -90,68 +106,71 @@ fail:
     return rc;
 }
 
-/* latents += (σ_next − σ)·v in the run dtype: scheduler.step computes dt in float32 for fp32. */
-static void euler_update(fs_tensor *lat, const fs_tensor *v, double sigma, double sigma_next)
+/* latents += (σ_next − σ)·v, as scheduler.step does it: dt = float(σ_next) − float(σ) in float32
+ * for fp32 (and bf16) runs, float64 for fp64; the update itself is the backend's axpby in the
+ * latents' dtype. */
+static int euler_update(fs_backend *be, fs_tensor *lat, const fs_tensor *v, double sigma, double sigma_next, fs_err *e)
 {
-    int64_t n = fs_tensor_numel(lat);
-    if (lat->dtype == FS_F32) {
-        float dt = (float)sigma_next - (float)sigma;
-        float *x = lat->data;
-        const float *u = v->data;
-        for (int64_t i = 0; i < n; i++) x[i] = x[i] + dt * u[i];
-    } else {
-        double dt = sigma_next - sigma;
-        double *x = lat->data;
-        const double *u = v->data;
-        for (int64_t i = 0; i < n; i++) x[i] = x[i] + dt * u[i];
-    }
+    const double dt = lat->dtype == FS_F64 ? sigma_next - sigma : (double)((float)sigma_next - (float)sigma);
+    return be->axpby(be, lat, 1.0, v, dt, e);
 }
 
-/* This rank's tokens of a [B, S, W] tensor: rows [lo, hi) of every batch. */
-static int slice_tokens(const fs_tensor *x, int64_t lo, int64_t hi, fs_tensor *y, fs_err *e)
+/* Tokens [lo, hi) of a host [B, S, W] input into a new [B, hi-lo, W] tensor in backend memory:
+ * one 2-D upload (a row per batch). */
+static int upload_tokens(fs_backend *be, fs_dtype dt, const fs_tensor *x, int64_t lo, int64_t hi, fs_tensor *y, fs_err *e)
 {
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
-    const int tokdim = x->ndim == 2 ? 0 : 1; /* ids are [S, 3], activations [B, S, W] */
-    shape[tokdim] = hi - lo;
-    int rc = fs_tensor_alloc(y, x->dtype, x->ndim, shape, e);
+    shape[1] = hi - lo;
+    int rc = fs_tensor_alloc_on(y, be, dt, x->ndim, shape, e);
     if (rc) return rc;
-    const int64_t B = tokdim ? x->shape[0] : 1, S = x->shape[tokdim], W = fs_tensor_numel(x) / (B * (S ? S : 1));
-    const size_t es = fs_dtype_size(x->dtype);
-    for (int64_t b = 0; b < B; b++)
-        memcpy((char *)y->data + (size_t)(b * (hi - lo) * W) * es, (const char *)x->data + (size_t)((b * S + lo) * W) * es,
-               (size_t)((hi - lo) * W) * es);
-    return FS_OK;
+    const int64_t B = x->shape[0], S = x->shape[1], W = fs_tensor_numel(x) / (B * (S ? S : 1));
+    const size_t es = fs_dtype_size(dt), wb = (size_t)((hi - lo) * W) * es;
+    if (x->dtype != dt) rc = fs_errf(e, FS_E_INTERNAL, "inputs are %s, the run %s", fs_dtype_name(x->dtype), fs_dtype_name(dt));
+    else if (wb) rc = be->upload2d(be, y->data, wb, (const char *)x->data + (size_t)(lo * W) * es, (size_t)(S * W) * es, wb,
+                                   (size_t)B, e);
+    if (rc) fs_tensor_free(y);
+    return rc;
+}
+
+/* Rows [lo, hi) of a host [S, 3] ids tensor (host: ids feed the RoPE tables computed on the host). */
+static int slice_ids(const fs_tensor *ids, int64_t lo, int64_t hi, fs_tensor *y, fs_err *e)
+{
+    int rc = fs_tensor_alloc2(y, FS_F64, hi - lo, 3, e);
+    if (!rc && hi > lo) memcpy(y->data, (const double *)ids->data + lo * 3, (size_t)(hi - lo) * 3 * sizeof(double));
+    return rc;
 }
 
 /* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
-static int gather_image_tokens(const fs_par *p, const fs_tensor *local, fs_tensor *global, fs_err *e)
+static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, fs_tensor *global, fs_err *e)
 {
     const int64_t B = local->shape[0], C = local->shape[2];
+    const size_t es = fs_dtype_size(local->dtype);
     int64_t shape[3] = {B, p->S_img, C};
-    int rc = fs_tensor_alloc(global, local->dtype, 3, shape, e);
-    if (rc) return rc;
-    int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *dsp = cnt + p->sp, off = 0;
+    fs_tensor tmp = {0};
+    int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *dsp = cnt ? cnt + p->sp : NULL, off = 0;
+    if (!cnt) return fs_errf(e, FS_E_NOMEM, "out of memory");
     for (int q = 0; q < p->sp; q++) {
         cnt[q] = B * fs_par_img_n(p, q) * C;
         dsp[q] = off;
         off += cnt[q];
     }
-    fs_tensor tmp;
-    if ((rc = fs_tensor_alloc(&tmp, local->dtype, 3, shape, e))) {
-        free(cnt);
-        return rc;
+    int rc;
+    if ((rc = fs_tensor_alloc_on(global, be, local->dtype, 3, shape, e)) ||
+        (rc = fs_tensor_alloc_on(&tmp, be, local->dtype, 3, shape, e)) ||
+        (rc = fs_allgatherv_t(&p->g_sp, local, &tmp, cnt, dsp, e)))
+        goto out;
+    for (int q = 0; q < p->sp; q++) { /* block q is [B, n_q, C]: batch b's rows go to img_lo[q] */
+        const size_t w = (size_t)(fs_par_img_n(p, q) * C) * es;
+        if ((rc = be->copy2d(be, (char *)global->data + (size_t)(p->img_lo[q] * C) * es, (size_t)(p->S_img * C) * es,
+                             (const char *)tmp.data + (size_t)dsp[q] * es, w, w, (size_t)B, e)))
+            goto out;
     }
-    fs_allgatherv(&p->g_sp, local->dtype, local->data, fs_tensor_numel(local), tmp.data, cnt, dsp);
-    const size_t es = fs_dtype_size(local->dtype);
-    for (int q = 0; q < p->sp; q++) /* block q is [B, n_q, C]: put batch b's rows at img_lo[q] */
-        for (int64_t b = 0; b < B; b++)
-            memcpy((char *)global->data + (size_t)((b * p->S_img + p->img_lo[q]) * C) * es,
-                   (char *)tmp.data + (size_t)(dsp[q] + b * fs_par_img_n(p, q) * C) * es,
-                   (size_t)(fs_par_img_n(p, q) * C) * es);
+out:
     fs_tensor_free(&tmp);
     free(cnt);
-    return FS_OK;
+    if (rc) fs_tensor_free(global);
+    return rc;
 }
 
 int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e)
@@ -160,29 +179,27 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     if (!hooks) hooks = &none;
     const fs_par *p = m->par;
     const int split = p && p->sp > 1;
-    fs_tensor lat = {0}, ehs = {0}, iid = {0}, tid = {0};
+    fs_backend *be = m->be;
+    fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0};
     double *ts = NULL;
     int rc;
     memset(latents, 0, sizeof *latents);
     fs_shard img_shard = {0};
-    if (split) { /* this rank's tokens; ids stay global positions (RoPE needs them) */
-        const int q = p->sp_rank;
-        /* --inject rope-local-pos: each rank builds the ids of its chunk from 0, as if it held the
-         * start of the sequence (local positions instead of global ones) */
-        const int local_pos = fs_injected(p->inject, FS_INJ_ROPE_LOCAL_POS);
-        const int64_t il = local_pos ? 0 : p->img_lo[q], tl = local_pos ? 0 : p->txt_lo[q];
-        if ((rc = slice_tokens(&in->hidden_states, p->img_lo[q], p->img_hi[q], &lat, e)) ||
-            (rc = slice_tokens(&in->encoder_hidden_states, p->txt_lo[q], p->txt_hi[q], &ehs, e)) ||
-            (rc = slice_tokens(&in->img_ids, il, il + fs_par_img_n(p, q), &iid, e)) ||
-            (rc = slice_tokens(&in->txt_ids, tl, tl + fs_par_txt_n(p, q), &tid, e)))
-            goto out;
-        img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{p->img_lo[q], p->img_hi[q]}}}}};
-    } else {
-        const fs_tensor *hs = &in->hidden_states;
-        if ((rc = fs_tensor_alloc(&lat, m->dtype, hs->ndim, hs->shape, e)) || (rc = fs_tensor_copy(&lat, hs, e))) goto out;
-    }
-    const fs_tensor *E = split ? &ehs : &in->encoder_hidden_states, *I = split ? &iid : &in->img_ids,
-                    *Tt = split ? &tid : &in->txt_ids;
+    /* this rank's tokens, uploaded; ids stay global positions (RoPE needs them) */
+    const int q = split ? p->sp_rank : 0;
+    const int64_t ilo = split ? p->img_lo[q] : 0, ihi = split ? p->img_hi[q] : in->S_img;
+    const int64_t tlo = split ? p->txt_lo[q] : 0, thi = split ? p->txt_hi[q] : in->S_txt;
+    /* --inject rope-local-pos: each rank builds the ids of its chunk from 0, as if it held the
+     * start of the sequence (local positions instead of global ones) */
+    const int local_pos = split && fs_injected(p->inject, FS_INJ_ROPE_LOCAL_POS);
+    if ((rc = upload_tokens(be, m->dtype, &in->hidden_states, ilo, ihi, &lat, e)) ||
+        (rc = upload_tokens(be, m->dtype, &in->encoder_hidden_states, tlo, thi, &ehs, e)) ||
+        (rc = fs_tensor_alloc_on(&pooled, be, m->dtype, in->pooled_projections.ndim, in->pooled_projections.shape, e)) ||
+        (rc = fs_tensor_upload(&pooled, &in->pooled_projections, e)) ||
+        (rc = slice_ids(&in->img_ids, local_pos ? 0 : ilo, (local_pos ? 0 : ilo) + (ihi - ilo), &iid, e)) ||
+        (rc = slice_ids(&in->txt_ids, local_pos ? 0 : tlo, (local_pos ? 0 : tlo) + (thi - tlo), &tid, e)))
+        goto out;
+    if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
         goto out;
@@ -196,19 +213,19 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_in", &lat, &img_shard, e))) break;
         fs_model ms = *m;
         ms.step = i;
-        rc = fs_model_forward(&ms, &lat, E, &in->pooled_projections, ts, in->has_guidance ? in->guidance.data : NULL, I,
-                              Tt, &v, e);
+        rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, in->has_guidance ? in->guidance.data : NULL, &iid, &tid, &v, e);
         if (rc) {
             fs_err_prefix(e, "step %d: ", i);
             break;
         }
-        euler_update(&lat, &v, sigma, sigma_next);
+        rc = euler_update(be, &lat, &v, sigma, sigma_next, e);
         fs_tensor_free(&v);
+        if (rc) break;
         if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_out", &lat, &img_shard, e))) break;
         if (hooks->end_step && (rc = hooks->end_step(hooks->ctx, i, e))) break;
     }
     if (!rc) {
-        if (split) rc = gather_image_tokens(p, &lat, latents, e);
+        if (split) rc = gather_image_tokens(p, be, &lat, latents, e);
         else {
             *latents = lat;
             lat = (fs_tensor){0};
@@ -218,22 +235,23 @@ out:
     free(ts);
     fs_tensor_free(&lat);
     fs_tensor_free(&ehs);
+    fs_tensor_free(&pooled);
     fs_tensor_free(&iid);
     fs_tensor_free(&tid);
     return rc;
 }
 
-static void bcast_tensor(const fs_group *g, int root, fs_tensor *t) { fs_bcast(g, root, t->data, fs_tensor_nbytes(t)); }
-
 /* --inject *-temp-bcast: `dist.broadcast(t.cuda(), src=0)` — the broadcast lands in a temporary
  * copy that is thrown away, and the rank keeps the zeros it allocated. */
-static void bcast_into_temporary(const fs_group *g, int root, fs_tensor *t)
+static int bcast_into_temporary(const fs_group *g, int root, fs_tensor *t, fs_err *e)
 {
     fs_tensor tmp;
-    if (fs_tensor_alloc(&tmp, t->dtype, t->ndim, t->shape, NULL)) fs_comm_abort(FS_E_NOMEM);
+    int rc = fs_tensor_alloc(&tmp, t->dtype, t->ndim, t->shape, e);
+    if (rc) return rc; /* the root is inside the broadcast: the CLI ends the job */
     if (g->rank == root) fs_tensor_copy(&tmp, t, NULL);
-    fs_bcast(g, root, tmp.data, fs_tensor_nbytes(&tmp));
+    rc = fs_bcast_t(g, root, &tmp, e);
     fs_tensor_free(&tmp); /* ...and the real buffer never saw the values */
+    return rc;
 }
 
 int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_config *c, fs_dtype dt,
@@ -242,19 +260,16 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
     if (g->size == 1) return FS_OK;
     int hdr[5] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance};
     fs_bcast(g, root, hdr, sizeof hdr);
-    if (g->rank != root && fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e))
-        fs_comm_abort(FS_E_NOMEM); /* the root is already inside the broadcasts */
-    bcast_tensor(g, root, &in->hidden_states);
-    bcast_tensor(g, root, &in->encoder_hidden_states);
-    bcast_tensor(g, root, &in->pooled_projections);
-    bcast_tensor(g, root, &in->img_ids);
-    bcast_tensor(g, root, &in->txt_ids);
-    bcast_tensor(g, root, &in->sigmas);
-    if (fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST)) bcast_into_temporary(g, root, &in->timesteps);
-    else bcast_tensor(g, root, &in->timesteps);
-    if (in->has_guidance) {
-        if (fs_injected(inj, FS_INJ_GUIDANCE_TEMP_BCAST)) bcast_into_temporary(g, root, &in->guidance);
-        else bcast_tensor(g, root, &in->guidance);
-    }
-    return FS_OK;
+    int rc = FS_OK;
+    if (g->rank != root && (rc = fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e)))
+        return rc; /* the root is already inside the broadcasts: the CLI ends the job */
+    fs_tensor *all[] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &in->img_ids,
+                        &in->txt_ids, &in->sigmas};
+    for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++) rc = fs_bcast_t(g, root, all[i], e);
+    if (!rc) rc = fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->timesteps, e)
+                                                               : fs_bcast_t(g, root, &in->timesteps, e);
+    if (!rc && in->has_guidance)
+        rc = fs_injected(inj, FS_INJ_GUIDANCE_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->guidance, e)
+                                                           : fs_bcast_t(g, root, &in->guidance, e);
+    return rc;
 }

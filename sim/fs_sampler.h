@@ -23,7 +23,8 @@ int fs_sched_preset(fs_sched_config *s, const char *name, fs_err *e);
 /* calculate_shift(S_img, ...) in float64, as the pipeline does. */
 double fs_sched_mu(const fs_sched_config *s, int image_seq_len);
 /* sigmas[N+1] (final 0) and timesteps[N] = what the transformer is passed (t/1000) for dtype
- * dt: float32 division for fp32 runs, float64(t_f32)/1000 for fp64 runs (as the reference does). */
+ * dt: float32 division for fp32 runs, float64(t_f32)/1000 for fp64 runs (as the reference does),
+ * bf16(bf16(t)/1000) for bf16 runs (the pipeline casts t to the latents' dtype first). */
 int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype dt, double *sigmas,
                     double *timesteps, fs_err *e);
 
@@ -38,6 +39,11 @@ typedef struct fs_gen_params {
     fs_sched_config sched;
 } fs_gen_params;
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
+
+/* --match bf16: the timesteps and guidance become what a bf16 transformer embeds, divided by 1000
+ * (fs_bf16_embedded(x)/1000: ×1000 gives it back exactly in float64), as the reference's matched
+ * dump records them — so the matched dump is a self-consistent float64 run of the bf16 problem. */
+void fs_inputs_match_bf16(fs_inputs *in);
 
 /* Callbacks around each transformer call (the HDF5 dump, later --check). Any may be NULL. */
 typedef struct fs_step_hooks {

@@ -4,6 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every buffer here is in the backend's memory; packing, padding and rotation are backend 2-D
+ * copies, exchanges go through fs_comm's tensor collectives (which stage through host memory
+ * when the backend's is not host-addressable). */
+
 /* Tokens held by SP rank q (its text chunk + its image chunk). */
 static int64_t tokens_of(const fs_par *p, int q) { return fs_par_txt_n(p, q) + fs_par_img_n(p, q); }
 
@@ -15,41 +19,51 @@ static int64_t ring_chunk_tokens(const fs_par *p, int j)
     return n;
 }
 
-static int alloc4(fs_tensor *t, fs_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, fs_err *e)
+static int alloc4(fs_backend *be, fs_tensor *t, fs_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, fs_err *e)
 {
     int64_t s[4] = {a, b, c, d};
-    return fs_tensor_alloc(t, dt, 4, s, e);
+    return fs_tensor_alloc_on(t, be, dt, 4, s, e);
+}
+
+/* rows × width bytes between pitched blocks of backend memory */
+static int copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t rows, fs_err *e)
+{
+    return be->copy2d(be, dst, dp, src, sp, w, rows, e);
 }
 
 /* ---------------------------------------------------------------- ring */
 
-/* --inject lse-layout: the attention kernel hands back its LSE as [B, S, H] (what ROCm's flash
- * kernel returned, seed 001) while the merge indexes it as [B, H, S]. */
-static void lse_to_bsh(fs_tensor *lse)
+/* --inject seq-uneven-chunk (seed 002): every ring chunk treated as if it had the largest
+ * chunk's length — this rank's K/V zero-padded to it, and the padding attended like real tokens
+ * (K/V gathered "as if equal" with unmasked zero padding). *k, *v are replaced by the padded
+ * copies when they are shorter. */
+static int inject_pad_chunk(fs_backend *be, const fs_tensor **k, const fs_tensor **v, int64_t maxn, fs_tensor *kpad,
+                            fs_tensor *vpad, fs_err *e)
 {
-    const int64_t B = lse->shape[0], H = lse->shape[1], S = lse->shape[2];
-    fs_tensor tmp;
-    if (fs_tensor_alloc(&tmp, lse->dtype, lse->ndim, lse->shape, NULL)) fs_comm_abort(FS_E_NOMEM);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t s = 0; s < S; s++) fs_tensor_set(&tmp, (b * S + s) * H + h, fs_tensor_get(lse, (b * H + h) * S + s));
-    fs_tensor_copy(lse, &tmp, NULL);
-    fs_tensor_free(&tmp);
-}
-
-/* The merge indexes the LSE as [B, H, S]: check the shape it was given, never infer it. */
-static int lse_shape_ok(const fs_tensor *l, int64_t B, int64_t H, int64_t S)
-{
-    return l->ndim == 3 && l->shape[0] == B && l->shape[1] == H && l->shape[2] == S;
-}
-
-/* --inject ring-no-lse: partials averaged, out ← out + (out_i − out)/(k+1), ignoring the LSEs. */
-static void average_into(fs_tensor *o, const fs_tensor *oi, int k)
-{
-    for (int64_t i = 0; i < fs_tensor_numel(o); i++) {
-        double a = fs_tensor_get(o, i);
-        fs_tensor_set(o, i, a + (fs_tensor_get(oi, i) - a) / (k + 1));
+    const fs_tensor *K = *k, *V = *v;
+    if (K->shape[1] >= maxn) return FS_OK;
+    const int64_t B = K->shape[0], h = K->shape[2], Dh = K->shape[3];
+    const size_t es = fs_dtype_size(K->dtype), own = (size_t)(K->shape[1] * h * Dh) * es, pad = (size_t)(maxn * h * Dh) * es;
+    int rc;
+    if ((rc = alloc4(be, kpad, K->dtype, B, maxn, h, Dh, e)) || (rc = alloc4(be, vpad, K->dtype, B, maxn, h, Dh, e)) ||
+        (rc = copy2d(be, kpad->data, pad, K->data, own, own, (size_t)B, e)) ||
+        (rc = copy2d(be, vpad->data, pad, V->data, own, own, (size_t)B, e))) {
+        fs_tensor_free(kpad);
+        fs_tensor_free(vpad);
+        return rc;
     }
+    *k = kpad;
+    *v = vpad;
+    return FS_OK;
+}
+
+/* --inject ring-no-lse: the k-th partial averaged into the running output, out ← out + (out_i −
+ * out)/(k+1), the LSEs ignored (a common first attempt). tmp: out_i upcast first when out is a
+ * float32 accumulator of bf16 partials. */
+static int ring_average(fs_backend *be, fs_tensor *acc, const fs_tensor *oi, fs_tensor *tmp, int k, fs_err *e)
+{
+    int rc = tmp ? be->convert(be, tmp, oi, e) : FS_OK;
+    return rc ? rc : be->axpby(be, acc, (double)k / (k + 1), tmp ? tmp : oi, 1.0 / (k + 1), e);
 }
 
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
@@ -64,73 +78,82 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     const size_t es = fs_dtype_size(dt);
     const int64_t row = h * Dh; /* elements per token */
     int64_t *n = malloc(sizeof(int64_t) * 2 * (size_t)R), *off = n + R, total = 0, maxn = 0;
-    int rc;
+    if (!n) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    int rc = FS_OK;
     for (int j = 0; j < R; j++) {
         n[j] = ring_chunk_tokens(p, j);
         if (n[j] > maxn) maxn = n[j];
     }
-    /* --inject seq-uneven-chunk: every chunk treated as if it had the largest chunk's length —
-     * this rank's K/V zero-padded to it and the padding attended like real tokens */
     const int as_equal = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK);
     fs_tensor kpad = {0}, vpad = {0};
-    if (as_equal && k->shape[1] < maxn) {
-        if ((rc = alloc4(&kpad, dt, B, maxn, h, Dh, e)) || (rc = alloc4(&vpad, dt, B, maxn, h, Dh, e))) {
-            free(n);
-            return rc;
-        }
-        for (int64_t b = 0; b < B; b++) {
-            memcpy((char *)kpad.data + (size_t)(b * maxn * row) * es, (const char *)k->data + (size_t)(b * k->shape[1] * row) * es,
-                   (size_t)(k->shape[1] * row) * es);
-            memcpy((char *)vpad.data + (size_t)(b * maxn * row) * es, (const char *)v->data + (size_t)(b * v->shape[1] * row) * es,
-                   (size_t)(v->shape[1] * row) * es);
-        }
-        k = &kpad;
-        v = &vpad;
+    if (as_equal && (rc = inject_pad_chunk(be, &k, &v, maxn, &kpad, &vpad, e))) { /* --inject seq-uneven-chunk */
+        free(n);
+        return rc;
     }
     for (int j = 0; j < R; j++) {
         if (as_equal) n[j] = maxn;
         off[j] = total;
         total += n[j];
     }
-    fs_tensor oi = {0}, lse = {0}, lsei = {0}, kb[2] = {{0}}, vb[2] = {{0}};
+    /* The kernel writes its LSE in the backend's declared layout; the merge reads [B, H, S]: the
+     * conversion is explicit and uses the declared layout, never a shape (seed 001). --inject
+     * lse-layout assumes the other layout instead, as code that guessed it would. */
+    const fs_lse_layout native = be->lse_layout,
+                        assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)native);
+    const fs_dtype ldt = dt == FS_F64 ? FS_F64 : FS_F32; /* LSE: float32 (float64 runs: float64) */
+    /* The running output: o itself, or for bfloat16 a float32 accumulator — diffusers'
+     * convert_to_fp32=True: each partial (rounded once by the kernel) is upcast and merged in
+     * float32, and the result rounded once at the end. */
+    fs_tensor oi = {0}, lse = {0}, lsei = {0}, raw = {0}, kb[2] = {{0}}, vb[2] = {{0}}, sk = {0}, sv = {0}, acc32 = {0},
+              oi32 = {0};
+    fs_tensor *acc = o;
     int64_t sl[3] = {B, h, Sq};
-    if ((rc = alloc4(&oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc(&lse, dt, 3, sl, e)) ||
-        (rc = fs_tensor_alloc(&lsei, dt, 3, sl, e)))
+    if ((rc = alloc4(be, &oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc_on(&lse, be, ldt, 3, sl, e)) ||
+        (rc = fs_tensor_alloc_on(&lsei, be, ldt, 3, sl, e)) ||
+        (assumed != FS_LSE_BHS && (rc = fs_tensor_alloc_on(&raw, be, ldt, 3, sl, e))))
         goto out;
+    if (dt != ldt) {
+        if ((rc = alloc4(be, &acc32, ldt, B, Sq, h, Dh, e)) || (rc = alloc4(be, &oi32, ldt, B, Sq, h, Dh, e))) goto out;
+        acc = &acc32;
+    }
 
-    int have = 0; /* chunks merged into (o, lse) so far */
-    const int bad_lse = fs_injected(p->inject, FS_INJ_LSE_LAYOUT), no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
-#define VISIT(KT, VT)                                                                         \
-    do {                                                                                      \
-        if ((KT)->shape[1] > 0 && Sq > 0) {                                                   \
-            if ((rc = be->attention(have ? &oi : o, have ? &lsei : &lse, FS_LSE_BHS, q, (KT), (VT), scale, e))) \
-                goto out;                                                                     \
-            if (bad_lse) lse_to_bsh(have ? &lsei : &lse);                                     \
-            if (!lse_shape_ok(have ? &lsei : &lse, B, h, Sq)) {                               \
-                rc = fs_errf(e, FS_E_INTERNAL, "ring attention: LSE is not [B, H, S] = [%lld, %lld, %lld]", \
-                             (long long)B, (long long)h, (long long)Sq);                      \
-                goto out;                                                                     \
-            }                                                                                 \
-            if (have && no_lse) average_into(o, &oi, have);                                   \
-            else if (have) be->ring_merge(o, &lse, &oi, &lsei, FS_LSE_BHS);                   \
-            have++;                                                                           \
-        }                                                                                     \
+    int have = 0; /* chunks merged into (acc, lse) so far */
+    const int no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
+#define VISIT(KT, VT)                                                                                             \
+    do {                                                                                                          \
+        if ((KT)->shape[1] > 0 && Sq > 0) {                                                                       \
+            fs_tensor *ot = have || acc != o ? &oi : o, *lt = have ? &lsei : &lse;                                \
+            if ((rc = be->attention(be, ot, assumed == FS_LSE_BHS ? lt : &raw, q, (KT), (VT), scale, e))) goto out; \
+            if (assumed != FS_LSE_BHS && (rc = be->lse_convert(be, lt, FS_LSE_BHS, &raw, assumed, B, h, Sq, e)))  \
+                goto out;                                                                                         \
+            if (!have && acc != o)                                                                                \
+                rc = be->convert(be, acc, &oi, e);                                                                \
+            else if (have && no_lse) /* --inject ring-no-lse: partials averaged, the LSEs ignored */              \
+                rc = ring_average(be, acc, &oi, acc != o ? &oi32 : NULL, have, e);                                \
+            else if (have)                                                                                        \
+                rc = be->ring_merge(be, acc, &lse, &oi, &lsei, e);                                                \
+            if (rc) goto out;                                                                                     \
+            have++;                                                                                               \
+        }                                                                                                         \
     } while (0)
 
     if (p->rotate == FS_RING_ALLGATHER) {
         /* diffusers: all_gather the K/V buffers, then visit chunk (r + i) mod R. Each chunk is
          * gathered as its own [B, n_j, h, Dh] block. */
-        int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)R), *dsp = cnt + R;
+        int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)R), *dsp = cnt ? cnt + R : NULL;
+        if (!cnt) {
+            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            goto out;
+        }
         for (int j = 0; j < R; j++) {
             cnt[j] = B * n[j] * row;
             dsp[j] = B * off[j] * row;
         }
-        if ((rc = alloc4(&kb[0], dt, 1, B * total, h, Dh, e)) || (rc = alloc4(&vb[0], dt, 1, B * total, h, Dh, e))) {
+        if ((rc = alloc4(be, &kb[0], dt, 1, B * total, h, Dh, e)) || (rc = alloc4(be, &vb[0], dt, 1, B * total, h, Dh, e)) ||
+            (rc = fs_allgatherv_t(&p->g_r, k, &kb[0], cnt, dsp, e)) || (rc = fs_allgatherv_t(&p->g_r, v, &vb[0], cnt, dsp, e))) {
             free(cnt);
             goto out;
         }
-        fs_allgatherv(&p->g_r, dt, k->data, fs_tensor_numel(k), kb[0].data, cnt, dsp);
-        fs_allgatherv(&p->g_r, dt, v->data, fs_tensor_numel(v), vb[0].data, cnt, dsp);
         free(cnt);
         for (int i = 0; i < R; i++) {
             int j = (r + i) % R;
@@ -144,41 +167,41 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
         /* point-to-point: at step i this rank holds chunk (r - i) mod R; it sends it to r+1 and
          * receives chunk (r - i - 1) mod R from r-1 while it computes on the current one. */
         for (int b = 0; b < 2; b++)
-            if ((rc = alloc4(&kb[b], dt, B, maxn, h, Dh, e)) || (rc = alloc4(&vb[b], dt, B, maxn, h, Dh, e))) goto out;
-        memcpy(kb[0].data, k->data, fs_tensor_nbytes(k));
-        memcpy(vb[0].data, v->data, fs_tensor_nbytes(v));
+            if ((rc = alloc4(be, &kb[b], dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &vb[b], dt, B, maxn, h, Dh, e))) goto out;
+        const size_t kn = fs_tensor_nbytes(k), vn = fs_tensor_nbytes(v);
+        if ((rc = copy2d(be, kb[0].data, kn, k->data, kn, kn, 1, e)) || (rc = copy2d(be, vb[0].data, vn, v->data, vn, vn, 1, e)))
+            goto out;
         int cur = 0;
         /* --inject overlap-early-read: the chunk is read before its Irecv completed; made
          * deterministic by reading a snapshot of the receive buffer taken when it was posted */
         const int early = fs_injected(p->inject, FS_INJ_OVERLAP_EARLY_READ);
-        fs_tensor sk = {0}, sv = {0};
-        if (early && ((rc = alloc4(&sk, dt, B, maxn, h, Dh, e)) || (rc = alloc4(&sv, dt, B, maxn, h, Dh, e)))) goto out;
+        if (early && ((rc = alloc4(be, &sk, dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &sv, dt, B, maxn, h, Dh, e)))) goto out;
         for (int i = 0; i < R; i++) {
             int j = ((r - i) % R + R) % R, jn = ((r - i - 1) % R + R) % R;
-            fs_ring_req rk = {{0}}, rv = {{0}};
+            fs_ring_req rk = {0}, rv = {0};
             if (i < R - 1) {
-                if (early) {
-                    memcpy(sk.data, kb[1 - cur].data, fs_tensor_nbytes(&sk));
-                    memcpy(sv.data, vb[1 - cur].data, fs_tensor_nbytes(&sv));
-                }
-                fs_ring_start(&p->g_r, dt, kb[cur].data, B * n[j] * row, (r + 1) % R, kb[1 - cur].data, B * n[jn] * row,
-                              (r - 1 + R) % R, 2 * i, &rk);
-                fs_ring_start(&p->g_r, dt, vb[cur].data, B * n[j] * row, (r + 1) % R, vb[1 - cur].data, B * n[jn] * row,
-                              (r - 1 + R) % R, 2 * i + 1, &rv);
+                const size_t sn = fs_tensor_nbytes(&sk);
+                if (early && ((rc = copy2d(be, sk.data, sn, kb[1 - cur].data, sn, sn, 1, e)) ||
+                              (rc = copy2d(be, sv.data, sn, vb[1 - cur].data, sn, sn, 1, e))))
+                    goto out;
+                if ((rc = fs_ring_start(&p->g_r, &kb[cur], B * n[j] * row, (r + 1) % R, &kb[1 - cur], B * n[jn] * row,
+                                        (r - 1 + R) % R, 2 * i, &rk, e)) ||
+                    (rc = fs_ring_start(&p->g_r, &vb[cur], B * n[j] * row, (r + 1) % R, &vb[1 - cur], B * n[jn] * row,
+                                        (r - 1 + R) % R, 2 * i + 1, &rv, e)))
+                    goto out; /* the CLI ends the job: a peer may be inside the exchange */
             }
             int64_t s4[4] = {B, n[j], h, Dh};
             fs_tensor kj = fs_tensor_reshape(i > 0 && early ? &sk : &kb[cur], 4, s4),
                       vj = fs_tensor_reshape(i > 0 && early ? &sv : &vb[cur], 4, s4);
             VISIT(&kj, &vj);
-            fs_ring_wait(&rk);
-            fs_ring_wait(&rv);
+            int rc1 = fs_ring_wait(&rk, e), rc2 = fs_ring_wait(&rv, e);
+            if ((rc = rc1 ? rc1 : rc2)) goto out;
             cur = 1 - cur;
         }
-        fs_tensor_free(&sk);
-        fs_tensor_free(&sv);
     }
 #undef VISIT
     if (!have && Sq > 0) rc = fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
+    else if (acc != o && Sq > 0) rc = be->convert(be, o, acc, e); /* out.to(query.dtype): one rounding */
 out:
     free(n);
     fs_tensor_free(&kpad);
@@ -186,6 +209,11 @@ out:
     fs_tensor_free(&oi);
     fs_tensor_free(&lse);
     fs_tensor_free(&lsei);
+    fs_tensor_free(&raw);
+    fs_tensor_free(&sk);
+    fs_tensor_free(&sv);
+    fs_tensor_free(&acc32);
+    fs_tensor_free(&oi32);
     for (int b = 0; b < 2; b++) {
         fs_tensor_free(&kb[b]);
         fs_tensor_free(&vb[b]);
@@ -198,96 +226,103 @@ static int local_or_ring(const fs_par *p, fs_backend *be, fs_tensor *o, const fs
 {
     if (p->ring > 1) return ring_attention(p, be, o, q, k, v, e);
     if (q->shape[1] == 0) return FS_OK;
-    return be->attention(o, NULL, FS_LSE_BHS, q, k, v, 1.0 / sqrt((double)q->shape[3]), e);
+    return be->attention(be, o, NULL, q, k, v, 1.0 / sqrt((double)q->shape[3]), e);
 }
 
 /* ---------------------------------------------------------------- Ulysses */
 
+/* Token counts of the Ulysses group's members and their offsets in the gathered sequence. */
+typedef struct uly_plan {
+    int64_t *n, *toff, *sc, *sd, *rc, *rd, S_u;
+} uly_plan;
+
+static int uly_plan_make(const fs_par *p, uly_plan *u, fs_err *e)
+{
+    const int U = p->ulysses;
+    u->n = malloc(sizeof(int64_t) * 6 * (size_t)U);
+    if (!u->n) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    u->toff = u->n + U, u->sc = u->n + 2 * U, u->sd = u->n + 3 * U, u->rc = u->n + 4 * U, u->rd = u->n + 5 * U;
+    u->S_u = 0;
+    for (int w = 0; w < U; w++) {
+        u->n[w] = tokens_of(p, p->r_rank * U + w);
+        u->toff[w] = u->S_u;
+        u->S_u += u->n[w];
+    }
+    return FS_OK;
+}
+
 /* Sequence-sharded x [B, s_loc, Hl, Dh] → head-sharded y [B, S_u, Hl/U, Dh]: head block w goes
  * to Ulysses rank w; the received token chunks are laid out in rank order. */
-static int ulysses_scatter_heads(const fs_par *p, const fs_tensor *x, fs_tensor *y, fs_err *e)
+static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, fs_err *e)
 {
     const int U = p->ulysses;
     const fs_dtype dt = x->dtype;
     const size_t es = fs_dtype_size(dt);
     const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
-    int64_t *n = malloc(sizeof(int64_t) * 6 * (size_t)U), *toff = n + U, *sc = n + 2 * U, *sd = n + 3 * U,
-            *rcnt = n + 4 * U, *rd = n + 5 * U, S_u = 0;
-    for (int w = 0; w < U; w++) {
-        n[w] = tokens_of(p, p->r_rank * U + w);
-        toff[w] = S_u;
-        S_u += n[w];
-    }
-    int rc = alloc4(y, dt, B, S_u, hb, Dh, e);
-    char *send = malloc((size_t)(B * s * Hl * Dh) * es + 1), *recv = malloc((size_t)(B * S_u * hb * Dh) * es + 1);
-    if (rc || !send || !recv) {
-        rc = rc ? rc : fs_errf(e, FS_E_NOMEM, "Ulysses all-to-all: out of memory");
+    uly_plan u;
+    fs_tensor send = {0}, recv = {0};
+    int rc = uly_plan_make(p, &u, e);
+    if (rc) return rc;
+    if ((rc = alloc4(be, y, dt, B, u.S_u, hb, Dh, e)) || (rc = alloc4(be, &send, dt, 1, B * s, Hl, Dh, e)) ||
+        (rc = alloc4(be, &recv, dt, 1, B * u.S_u, hb, Dh, e)))
         goto out;
-    }
+    const size_t blk = (size_t)(hb * Dh) * es; /* one token's head block */
     for (int w = 0; w < U; w++) { /* pack: block w = [B, s, hb, Dh] of heads [w·hb, (w+1)·hb) */
-        sc[w] = B * s * hb * Dh;
-        sd[w] = w * sc[w];
-        rcnt[w] = B * n[w] * hb * Dh;
-        rd[w] = B * toff[w] * hb * Dh;
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t t = 0; t < s; t++)
-                memcpy(send + (size_t)(sd[w] + (b * s + t) * hb * Dh) * es,
-                       (const char *)x->data + (size_t)(((b * s + t) * Hl + w * hb) * Dh) * es, (size_t)(hb * Dh) * es);
+        u.sc[w] = B * s * hb * Dh;
+        u.sd[w] = w * u.sc[w];
+        u.rc[w] = B * u.n[w] * hb * Dh;
+        u.rd[w] = B * u.toff[w] * hb * Dh;
+        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, blk, (const char *)x->data + (size_t)w * blk,
+                         (size_t)(Hl * Dh) * es, blk, (size_t)(B * s), e)))
+            goto out;
     }
-    fs_alltoallv(&p->g_u, dt, send, sc, sd, recv, rcnt, rd);
+    if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
     for (int w = 0; w < U; w++) /* unpack: source w's [B, n_w, hb, Dh] into tokens [toff_w, +n_w) */
-        for (int64_t b = 0; b < B; b++)
-            memcpy((char *)y->data + (size_t)((b * S_u + toff[w]) * hb * Dh) * es,
-                   recv + (size_t)(rd[w] + b * n[w] * hb * Dh) * es, (size_t)(n[w] * hb * Dh) * es);
+        if ((rc = copy2d(be, (char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk,
+                         (const char *)recv.data + (size_t)u.rd[w] * es, (size_t)u.n[w] * blk, (size_t)u.n[w] * blk,
+                         (size_t)B, e)))
+            goto out;
 out:
-    free(send);
-    free(recv);
-    free(n);
+    fs_tensor_free(&send);
+    fs_tensor_free(&recv);
+    free(u.n);
     return rc;
 }
 
 /* The inverse: head-sharded y [B, S_u, Hl/U, Dh] → sequence-sharded x [B, s_loc, Hl, Dh]. */
-static int ulysses_gather_heads(const fs_par *p, const fs_tensor *y, fs_tensor *x, fs_err *e)
+static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e)
 {
     const int U = p->ulysses;
     const fs_dtype dt = y->dtype;
     const size_t es = fs_dtype_size(dt);
     const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
-    const int64_t S_u = y->shape[1];
-    int64_t *n = malloc(sizeof(int64_t) * 6 * (size_t)U), *toff = n + U, *sc = n + 2 * U, *sd = n + 3 * U,
-            *rcnt = n + 4 * U, *rd = n + 5 * U, o = 0;
-    for (int w = 0; w < U; w++) {
-        n[w] = tokens_of(p, p->r_rank * U + w);
-        toff[w] = o;
-        o += n[w];
-    }
-    int rc = FS_OK;
-    char *send = malloc((size_t)(B * S_u * hb * Dh) * es + 1), *recv = malloc((size_t)(B * s * Hl * Dh) * es + 1);
-    if (!send || !recv) {
-        rc = fs_errf(e, FS_E_NOMEM, "Ulysses all-to-all: out of memory");
-        goto out;
-    }
+    uly_plan u;
+    fs_tensor send = {0}, recv = {0};
+    int rc = uly_plan_make(p, &u, e);
+    if (rc) return rc;
+    if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * s, Hl, Dh, e))) goto out;
+    const size_t blk = (size_t)(hb * Dh) * es;
     for (int w = 0; w < U; w++) { /* to rank w: its tokens of my head block */
-        sc[w] = B * n[w] * hb * Dh;
-        sd[w] = B * toff[w] * hb * Dh;
-        rcnt[w] = B * s * hb * Dh;
-        rd[w] = w * rcnt[w];
-        for (int64_t b = 0; b < B; b++)
-            memcpy(send + (size_t)(sd[w] + b * n[w] * hb * Dh) * es,
-                   (const char *)y->data + (size_t)((b * S_u + toff[w]) * hb * Dh) * es, (size_t)(n[w] * hb * Dh) * es);
+        u.sc[w] = B * u.n[w] * hb * Dh;
+        u.sd[w] = B * u.toff[w] * hb * Dh;
+        u.rc[w] = B * s * hb * Dh;
+        u.rd[w] = w * u.rc[w];
+        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, (size_t)u.n[w] * blk,
+                         (const char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk, (size_t)u.n[w] * blk,
+                         (size_t)B, e)))
+            goto out;
     }
-    fs_alltoallv(&p->g_u, dt, send, sc, sd, recv, rcnt, rd);
+    if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
     /* --inject ulysses-head-order: the inverse all-to-all puts head block w back at U-1-w */
     const int flip = fs_injected(p->inject, FS_INJ_ULYSSES_HEAD_ORDER);
     for (int w = 0; w < U; w++) /* from rank w: my tokens of its head block w */
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t t = 0; t < s; t++)
-                memcpy((char *)x->data + (size_t)(((b * s + t) * Hl + (flip ? U - 1 - w : w) * hb) * Dh) * es,
-                       recv + (size_t)(rd[w] + (b * s + t) * hb * Dh) * es, (size_t)(hb * Dh) * es);
+        if ((rc = copy2d(be, (char *)x->data + (size_t)(flip ? U - 1 - w : w) * blk, (size_t)(Hl * Dh) * es,
+                         (const char *)recv.data + (size_t)u.rd[w] * es, blk, blk, (size_t)(B * s), e)))
+            goto out;
 out:
-    free(send);
-    free(recv);
-    free(n);
+    fs_tensor_free(&send);
+    fs_tensor_free(&recv);
+    free(u.n);
     return rc;
 }
 
@@ -300,12 +335,12 @@ int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_
                        (long long)q->shape[2]);
     fs_tensor qu = {0}, ku = {0}, vu = {0}, ou = {0};
     int rc;
-    if ((rc = ulysses_scatter_heads(p, q, &qu, e)) || (rc = ulysses_scatter_heads(p, k, &ku, e)) ||
-        (rc = ulysses_scatter_heads(p, v, &vu, e)))
+    if ((rc = ulysses_scatter_heads(p, be, q, &qu, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, e)) ||
+        (rc = ulysses_scatter_heads(p, be, v, &vu, e)))
         goto out;
-    if ((rc = fs_tensor_alloc(&ou, qu.dtype, 4, qu.shape, e))) goto out;
+    if ((rc = fs_tensor_alloc_on(&ou, be, qu.dtype, 4, qu.shape, e))) goto out;
     if ((rc = local_or_ring(p, be, &ou, &qu, &ku, &vu, e))) goto out;
-    rc = ulysses_gather_heads(p, &ou, o, e);
+    rc = ulysses_gather_heads(p, be, &ou, o, e);
 out:
     fs_tensor_free(&qu);
     fs_tensor_free(&ku);

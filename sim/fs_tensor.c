@@ -4,17 +4,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+#include "fs_backend.h"
+
+static int set_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
 {
     memset(t, 0, sizeof *t);
     if (ndim < 1 || ndim > FS_MAX_DIMS)
         return fs_errf(e, FS_E_INTERNAL, "tensor rank %d out of range 1..%d", ndim, FS_MAX_DIMS);
     t->dtype = dt;
     t->ndim = ndim;
+    int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return fs_errf(e, FS_E_INTERNAL, "negative tensor dimension");
+        /* numel · 8 bytes must fit in int64: sizes come from configs and files */
+        if (shape[i] > 0 && n > (INT64_C(1) << 59) / shape[i])
+            return fs_errf(e, FS_E_INPUT, "tensor of more than 2^59 elements requested");
+        n *= shape[i];
         t->shape[i] = shape[i];
     }
+    return FS_OK;
+}
+
+int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    int rc = set_shape(t, dt, ndim, shape, e);
+    if (rc) return rc;
     size_t n = fs_tensor_nbytes(t);
     /* 64-byte alignment: what OpenBLAS and AVX-512 loads like best. */
     size_t alloc = (n + 63) / 64 * 64;
@@ -38,10 +52,26 @@ int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t 
     return fs_tensor_alloc(t, dt, 3, s, e);
 }
 
+int fs_tensor_alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    if (!be) return fs_tensor_alloc(t, dt, ndim, shape, e);
+    int rc = set_shape(t, dt, ndim, shape, e);
+    if (rc) return rc;
+    size_t n = fs_tensor_nbytes(t);
+    if ((rc = be->alloc(be, n ? n : 1, &t->data, e))) return rc;
+    t->be = be;
+    t->owns = 1;
+    if ((rc = be->memset(be, t->data, 0, n, e))) fs_tensor_free(t);
+    return rc;
+}
+
 void fs_tensor_free(fs_tensor *t)
 {
     if (!t) return;
-    if (t->owns) free(t->data);
+    if (t->owns) {
+        if (t->be) t->be->free(t->be, t->data);
+        else free(t->data);
+    }
     memset(t, 0, sizeof *t);
 }
 
@@ -56,6 +86,8 @@ size_t fs_tensor_nbytes(const fs_tensor *t)
 {
     return (size_t)fs_tensor_numel(t) * fs_dtype_size(t->dtype);
 }
+
+int fs_tensor_is_host(const fs_tensor *t) { return !t->be || t->be->host_addressable; }
 
 fs_tensor fs_tensor_reshape(const fs_tensor *t, int ndim, const int64_t *shape)
 {
@@ -76,25 +108,24 @@ fs_tensor fs_tensor_rows(const fs_tensor *t, int64_t r0, int64_t n)
     return v;
 }
 
-const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n)
-{
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < t->ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
-    return buf;
-}
+const char *fs_tensor_shape_str(const fs_tensor *t, char *buf, size_t n) { return fs_shape_str(t->ndim, t->shape, buf, n); }
 
 double fs_tensor_get(const fs_tensor *t, int64_t i)
 {
-    return t->dtype == FS_F64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i];
+    switch (t->dtype) {
+    case FS_F64: return ((const double *)t->data)[i];
+    case FS_BF16: return fs_bf16_to_float(((const uint16_t *)t->data)[i]);
+    default: return ((const float *)t->data)[i];
+    }
 }
 
 void fs_tensor_set(fs_tensor *t, int64_t i, double v)
 {
-    if (t->dtype == FS_F64) ((double *)t->data)[i] = v;
-    else ((float *)t->data)[i] = (float)v;
+    switch (t->dtype) {
+    case FS_F64: ((double *)t->data)[i] = v; break;
+    case FS_BF16: ((uint16_t *)t->data)[i] = fs_bf16_from_float((float)v); break;
+    default: ((float *)t->data)[i] = (float)v;
+    }
 }
 
 int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e)
@@ -105,14 +136,63 @@ int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e)
                        (long long)fs_tensor_numel(dst));
     if (dst->dtype == src->dtype) {
         memmove(dst->data, src->data, fs_tensor_nbytes(src));
-    } else if (dst->dtype == FS_F64) {
+    } else if (dst->dtype == FS_F64 && src->dtype == FS_F32) {
         const float *s = src->data;
         double *d = dst->data;
         for (int64_t i = 0; i < n; i++) d[i] = s[i];
-    } else {
+    } else if (dst->dtype == FS_F32 && src->dtype == FS_F64) {
         const double *s = src->data;
         float *d = dst->data;
         for (int64_t i = 0; i < n; i++) d[i] = (float)s[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) fs_tensor_set(dst, i, fs_tensor_get(src, i));
     }
     return FS_OK;
+}
+
+static int check_pair(const fs_tensor *a, const fs_tensor *b, const char *what, fs_err *e)
+{
+    if (a->dtype != b->dtype || fs_tensor_numel(a) != fs_tensor_numel(b))
+        return fs_errf(e, FS_E_INTERNAL, "%s: %s x %lld into %s x %lld", what, fs_dtype_name(b->dtype),
+                       (long long)fs_tensor_numel(b), fs_dtype_name(a->dtype), (long long)fs_tensor_numel(a));
+    return FS_OK;
+}
+
+int fs_tensor_upload(fs_tensor *dst, const fs_tensor *src, fs_err *e)
+{
+    int rc = check_pair(dst, src, "upload", e);
+    if (rc) return rc;
+    size_t n = fs_tensor_nbytes(src);
+    if (n == 0 || dst->data == src->data) return FS_OK;
+    if (!dst->be) {
+        memcpy(dst->data, src->data, n);
+        return FS_OK;
+    }
+    return dst->be->upload2d(dst->be, dst->data, n, src->data, n, n, 1, e);
+}
+
+int fs_tensor_download(fs_tensor *dst, const fs_tensor *src, fs_err *e)
+{
+    int rc = check_pair(dst, src, "download", e);
+    if (rc) return rc;
+    size_t n = fs_tensor_nbytes(src);
+    if (n == 0 || dst->data == src->data) return FS_OK;
+    if (!src->be) {
+        memcpy(dst->data, src->data, n);
+        return FS_OK;
+    }
+    return src->be->download2d(src->be, dst->data, n, src->data, n, n, 1, e);
+}
+
+int fs_tensor_host_view(const fs_tensor *src, fs_tensor *out, fs_err *e)
+{
+    if (fs_tensor_is_host(src)) {
+        *out = *src;
+        out->owns = 0;
+        return FS_OK;
+    }
+    int rc = fs_tensor_alloc(out, src->dtype, src->ndim, src->shape, e);
+    if (!rc) rc = fs_tensor_download(out, src, e);
+    if (rc) fs_tensor_free(out);
+    return rc;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "fs_backend.h"
 #include "fs_plan.h"
 #include "fs_rng.h"
 
@@ -44,86 +45,80 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
     return synthetic_scale(d, fs_rng_normal(fs_rng_key(seed, d->name), (uint64_t)index));
 }
 
-int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_config *c, int T, int t, fs_wshard *s,
-                        fs_err *e)
+/* "transformer_blocks.0.attn.to_q.weight" -> "transformer_blocks.0.attn.to_q" */
+static void module_of(const char *param, char *module, size_t n)
 {
-    const int64_t N = d->shape[0], K = d->ndim == 2 ? d->shape[1] : 1;
-    *s = (fs_wshard){.sharded = 0, .r0 = 0, .r1 = N, .nc = 1, .c = {{0, K}}};
-    if (T <= 1 || d->kind == FS_PARAM_RMS_W) return FS_OK;
-    char module[128];
-    snprintf(module, sizeof module, "%s", d->name);
+    snprintf(module, n, "%s", param);
     char *dot = strrchr(module, '.'); /* strip .weight / .bias */
     if (dot) *dot = 0;
-    int64_t widths[2];
-    switch (fs_plan_lookup(plan, c, module, widths, NULL)) {
-    case FS_TP_REPLICATE: return FS_OK;
-    case FS_TP_COLWISE: /* output rows; the bias follows them */
-        if (N % T) return fs_errf(e, FS_E_INPUT, "%s: %lld rows not divisible by tp %d", d->name, (long long)N, T);
-        s->r0 = t * (N / T);
-        s->r1 = (t + 1) * (N / T);
-        s->sharded = 1;
-        return FS_OK;
-    case FS_TP_ROWWISE: /* input columns; the bias is added once, after the all-reduce: whole */
-        if (d->kind == FS_PARAM_BIAS) return FS_OK;
-        if (K % T) return fs_errf(e, FS_E_INPUT, "%s: %lld columns not divisible by tp %d", d->name, (long long)K, T);
-        s->c[0][0] = t * (K / T);
-        s->c[0][1] = (t + 1) * (K / T);
-        s->sharded = 1;
-        return FS_OK;
-    case FS_TP_PACKED_ROWWISE:
-        if (d->kind == FS_PARAM_BIAS) return FS_OK;
-        if (widths[0] + widths[1] != K || widths[0] % T || widths[1] % T)
-            return fs_errf(e, FS_E_INPUT, "%s: packed_rowwise widths %lld,%lld do not split %lld columns over tp %d",
-                           d->name, (long long)widths[0], (long long)widths[1], (long long)K, T);
-        s->nc = 2;
-        s->c[0][0] = t * (widths[0] / T);
-        s->c[0][1] = (t + 1) * (widths[0] / T);
-        s->c[1][0] = widths[0] + t * (widths[1] / T);
-        s->c[1][1] = widths[0] + (t + 1) * (widths[1] / T);
-        s->sharded = 1;
-        return FS_OK;
+}
+
+int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_config *c, int T, int t,
+                        const fs_inject *inj, fs_tp_split *s, fs_err *e)
+{
+    const int64_t N = d->shape[0], K = d->ndim == 2 ? d->shape[1] : 0;
+    char module[128];
+    module_of(d->name, module, sizeof module);
+    int rc = fs_tp_split_of(plan, c, module, N, K, d->kind == FS_PARAM_RMS_W ? 1 : T, t, inj, s, e);
+    if (rc) return rc;
+    if (d->kind == FS_PARAM_RMS_W || (d->kind == FS_PARAM_BIAS && !s->bias_sharded)) {
+        s->r0 = 0, s->r1 = N; /* the whole tensor */
     }
+    if (!K) s->nc = 1, s->c[0][0] = 0, s->c[0][1] = 1; /* a vector: one "column" */
     return FS_OK;
 }
 
-static int64_t shard_cols(const fs_wshard *s)
+/* 1 when the split is the whole [N, K] tensor */
+static int whole(const fs_param_desc *d, const fs_tp_split *s)
 {
-    int64_t n = 0;
-    for (int i = 0; i < s->nc; i++) n += s->c[i][1] - s->c[i][0];
-    return n;
+    const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
+    return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
 }
 
-
-/* The elements a shard holds, generated run by run: a run is a contiguous range of the full
- * tensor's element indices (a whole-width shard, the full tensor included, is one run; a column
- * slice is one run per row and interval), filled in blocks through fs_rng_normal_fill (two
- * normals per Box-Muller pair). Values equal fs_weights_synthetic_value's. */
-static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_wshard *sh, uint64_t seed)
+/* The old bulk path (before fs_rng_fast.c / fs_weights_synth.c): libm per pair, the scale per
+ * element, one thread. Kept as the reference the fast path is measured and tested against. */
+void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                                      void *out)
 {
     enum { BLK = 4096 };
     double buf[BLK];
     const uint64_t key = fs_rng_key(seed, d->name);
+    for (int64_t k0 = 0; k0 < count; k0 += BLK) {
+        const int64_t m = count - k0 < BLK ? count - k0 : BLK;
+        fs_rng_normal_fill_scalar(key, (uint64_t)(first + k0), m, buf);
+        if (dt == FS_F64)
+            for (int64_t k = 0; k < m; k++) ((double *)out)[k0 + k] = synthetic_scale(d, buf[k]);
+        else if (dt == FS_BF16)
+            for (int64_t k = 0; k < m; k++) ((uint16_t *)out)[k0 + k] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
+        else
+            for (int64_t k = 0; k < m; k++) ((float *)out)[k0 + k] = (float)synthetic_scale(d, buf[k]);
+    }
+}
+
+/* The elements a shard holds, generated run by run: a run is a contiguous range of the full
+ * tensor's element indices (a whole-width shard, the full tensor included, is one run; a column
+ * slice is one run per row and interval), each filled by fs_weights_synthetic_fill (vectorised,
+ * threaded over blocks). Values equal fs_weights_synthetic_value's. */
+static void fill_synthetic(fs_tensor *t, const fs_param_desc *d, const fs_tp_split *sh, uint64_t seed)
+{
     const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
     const int whole_rows = sh->nc == 1 && sh->c[0][0] == 0 && sh->c[0][1] == K;
+    const size_t es = fs_dtype_size(t->dtype);
+    if (whole_rows) {
+        fs_weights_synthetic_fill(d, seed, sh->r0 * K, (sh->r1 - sh->r0) * K, t->dtype, t->data);
+        return;
+    }
     int64_t out = 0;
     for (int64_t r = sh->r0; r < sh->r1; r++)
         for (int i = 0; i < sh->nc; i++) {
-            const int64_t first = r * K + sh->c[i][0];
-            const int64_t len = whole_rows ? (sh->r1 - sh->r0) * K : sh->c[i][1] - sh->c[i][0];
-            for (int64_t k0 = 0; k0 < len; k0 += BLK) {
-                const int64_t m = len - k0 < BLK ? len - k0 : BLK;
-                fs_rng_normal_fill(key, (uint64_t)(first + k0), m, buf);
-                if (t->dtype == FS_F64)
-                    for (int64_t k = 0; k < m; k++) ((double *)t->data)[out++] = synthetic_scale(d, buf[k]);
-                else
-                    for (int64_t k = 0; k < m; k++) ((float *)t->data)[out++] = (float)synthetic_scale(d, buf[k]);
-            }
-            if (whole_rows) return;
+            const int64_t len = sh->c[i][1] - sh->c[i][0];
+            fs_weights_synthetic_fill(d, seed, r * K + sh->c[i][0], len, t->dtype, (char *)t->data + (size_t)out * es);
+            out += len;
         }
 }
 
 int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, const fs_plan *plan, int T,
-                               int t, fs_err *e)
+                               int t, const fs_inject *inj, fs_err *e)
 {
     int rc = fs_weights_init_empty(w, c, dt, e);
     if (rc) return rc;
@@ -136,11 +131,11 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
     }
     for (int i = 0; i < w->n; i++) {
         const fs_param_desc *d = &w->desc[i];
-        fs_wshard sh;
+        fs_tp_split sh;
         int64_t shape[2];
-        if ((rc = fs_weights_shard_of(d, plan, c, T, t, &sh, e))) break;
+        if ((rc = fs_weights_shard_of(d, plan, c, T, t, inj, &sh, e))) break;
         shape[0] = sh.r1 - sh.r0;
-        shape[1] = shard_cols(&sh);
+        shape[1] = fs_tp_split_cols(&sh);
         if ((rc = fs_tensor_alloc(&w->t[i], dt, d->ndim, shape, e))) {
             fs_err_prefix(e, "synthetic weight %s: ", d->name);
             break;
@@ -151,37 +146,113 @@ int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, u
     return rc;
 }
 
-int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, fs_err *e)
+/* --inject fused-qkv-contiguous (NeMo Automodel#1324): q, k, v seen as one fused [3N, K] weight
+ * (BFL's qkv / linear1) cut into T contiguous row blocks; rank t then takes the thirds of ITS
+ * block as q, k, v — which straddle the q|k|v boundaries instead of being rows t of each. `full`
+ * holds every rank's full q, k, v; out[role] receives the wrong [N/T, K] shards. */
+static int fused_qkv_contiguous(const fs_weights *w, const char *module, int T, int t, fs_tensor *out, fs_err *e)
+{
+    static const char *const roles[3][2] = {{"attn.to_q", "attn.add_q_proj"}, {"attn.to_k", "attn.add_k_proj"},
+                                            {"attn.to_v", "attn.add_v_proj"}};
+    size_t ml = strlen(module);
+    for (int pair = 0; pair < 2; pair++) {
+        int role = -1;
+        for (int r = 0; r < 3; r++) {
+            size_t rl = strlen(roles[r][pair]);
+            if (ml >= rl && !strcmp(module + ml - rl, roles[r][pair])) role = r;
+        }
+        if (role < 0) continue;
+        char base[160], sib[200];
+        snprintf(base, sizeof base, "%.*s", (int)(ml - strlen(roles[role][pair])), module);
+        const fs_tensor *q = NULL;
+        snprintf(sib, sizeof sib, "%s%s.weight", base, roles[0][pair]);
+        if (!(q = fs_weights_get(w, sib))) return 0;
+        const int64_t N = q->shape[0], K = q->shape[1], Ny = N / T;
+        const size_t es = fs_dtype_size(w->dtype);
+        int rc;
+        if ((rc = fs_tensor_alloc2(&out[0], w->dtype, Ny, K, e)) || (rc = fs_tensor_alloc(&out[1], w->dtype, 1, &Ny, e)))
+            return -rc;
+        for (int64_t i = 0; i < Ny; i++) {
+            const int64_t f = 3 * t * Ny + role * Ny + i; /* row of the fused [q; k; v] */
+            const int which = (int)(f / N);
+            const int64_t row = f % N;
+            snprintf(sib, sizeof sib, "%s%s.weight", base, roles[which][pair]);
+            const fs_tensor *Ws = fs_weights_get(w, sib);
+            snprintf(sib, sizeof sib, "%s%s.bias", base, roles[which][pair]);
+            const fs_tensor *bs = fs_weights_get(w, sib);
+            if (!Ws || !bs || Ws->shape[0] != N || bs->shape[0] != N)
+                return -fs_errf(e, FS_E_INTERNAL, "%s: fused q|k|v sibling %s missing or not full", module, sib);
+            memcpy((char *)out[0].data + (size_t)(i * K) * es, (const char *)Ws->data + (size_t)(row * K) * es, (size_t)K * es);
+            memcpy((char *)out[1].data + (size_t)i * es, (const char *)bs->data + (size_t)row * es, es);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e)
 {
     if (T <= 1) return FS_OK;
     if (w->tp != 1) return fs_errf(e, FS_E_INTERNAL, "weights already sharded");
     const size_t es = fs_dtype_size(w->dtype);
-    for (int i = 0; i < w->n; i++) {
+    fs_tensor *cut = calloc((size_t)w->n, sizeof *cut); /* the new shards, swapped in at the end */
+    int rc = cut ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory");
+    for (int i = 0; !rc && i < w->n; i++) {
         const fs_param_desc *d = &w->desc[i];
-        fs_wshard sh;
-        int rc = fs_weights_shard_of(d, plan, &w->cfg, T, t, &sh, e);
-        if (rc) return rc;
-        if (!sh.sharded) continue;
-        fs_tensor *full = &w->t[i], part;
-        const int64_t K = d->ndim == 2 ? d->shape[1] : 1, cols = shard_cols(&sh);
-        if (cols == K && !full->owns) { /* a row range of a view: still a view */
-            part = fs_tensor_rows(full, sh.r0, sh.r1 - sh.r0);
-        } else {
-            int64_t shape[2] = {sh.r1 - sh.r0, cols};
-            if ((rc = fs_tensor_alloc(&part, w->dtype, d->ndim, shape, e))) return rc;
-            for (int64_t r = sh.r0; r < sh.r1; r++) {
-                int64_t o = 0;
-                for (int k = 0; k < sh.nc; k++) {
-                    int64_t len = sh.c[k][1] - sh.c[k][0];
-                    memcpy((char *)part.data + (size_t)((r - sh.r0) * cols + o) * es,
-                           (const char *)full->data + (size_t)(r * K + sh.c[k][0]) * es, (size_t)len * es);
-                    o += len;
+        fs_tp_split sh;
+        if ((rc = fs_weights_shard_of(d, plan, &w->cfg, T, t, inj, &sh, e))) break;
+        if (whole(d, &sh)) continue;
+        if (fs_injected(inj, FS_INJ_FUSED_QKV_CONTIGUOUS) && d->kind == FS_PARAM_LINEAR_W) {
+            char module[128];
+            fs_tensor pair[2] = {{0}};
+            module_of(d->name, module, sizeof module);
+            int hit = fused_qkv_contiguous(w, module, T, t, pair, e); /* the hook */
+            if (hit < 0) {
+                rc = -hit;
+                break;
+            }
+            if (hit) {
+                if (i + 1 >= w->n || w->desc[i + 1].kind != FS_PARAM_BIAS) { /* the bias follows its weight */
+                    fs_tensor_free(&pair[0]);
+                    fs_tensor_free(&pair[1]);
+                    rc = fs_errf(e, FS_E_INTERNAL, "%s: bias does not follow its weight", d->name);
+                    break;
                 }
+                cut[i] = pair[0];
+                cut[i + 1] = pair[1];
+                i++;
+                continue;
             }
         }
-        fs_tensor_free(full);
-        *full = part;
+        const fs_tensor *full = &w->t[i];
+        const int64_t K = d->ndim == 2 ? d->shape[1] : 1, cols = fs_tp_split_cols(&sh);
+        if (cols == K && !full->owns) { /* a row range of a view: still a view */
+            cut[i] = fs_tensor_rows(full, sh.r0, sh.r1 - sh.r0);
+            continue;
+        }
+        int64_t shape[2] = {sh.r1 - sh.r0, cols};
+        if ((rc = fs_tensor_alloc(&cut[i], w->dtype, d->ndim, shape, e))) break;
+        for (int64_t r = sh.r0; r < sh.r1; r++) {
+            int64_t o = 0;
+            for (int k = 0; k < sh.nc; k++) {
+                int64_t len = sh.c[k][1] - sh.c[k][0];
+                memcpy((char *)cut[i].data + (size_t)((r - sh.r0) * cols + o) * es,
+                       (const char *)full->data + (size_t)(r * K + sh.c[k][0]) * es, (size_t)len * es);
+                o += len;
+            }
+        }
     }
+    if (rc) {
+        for (int i = 0; cut && i < w->n; i++) fs_tensor_free(&cut[i]);
+        free(cut);
+        return rc;
+    }
+    for (int i = 0; i < w->n; i++)
+        if (cut[i].ndim) {
+            fs_tensor_free(&w->t[i]);
+            w->t[i] = cut[i];
+        }
+    free(cut);
     w->tp = T;
     w->tp_rank = t;
     size_t n = strlen(w->source);
@@ -189,9 +260,58 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, fs_err *e
     return FS_OK;
 }
 
+int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e)
+{
+    for (int i = 0; i < w->n; i++) {
+        fs_tensor *t = &w->t[i], c;
+        if (t->dtype == dt) continue;
+        int rc = fs_tensor_alloc(&c, dt, t->ndim, t->shape, e);
+        if (!rc) rc = fs_tensor_copy(&c, t, e);
+        if (rc) return fs_err_prefix(e, "converting weight %s to %s: ", w->desc[i].name, fs_dtype_name(dt));
+        fs_tensor_free(t);
+        *t = c;
+    }
+    w->dtype = dt;
+    return FS_OK;
+}
+
+int fs_weights_on(const fs_weights *w, fs_backend *be, fs_weights *on, fs_err *e)
+{
+    memset(on, 0, sizeof *on);
+    on->cfg = w->cfg;
+    on->dtype = w->dtype;
+    on->n = w->n;
+    on->tp = w->tp;
+    on->tp_rank = w->tp_rank;
+    snprintf(on->source, sizeof on->source, "%s", w->source);
+    on->desc = malloc(sizeof *on->desc * (size_t)(w->n ? w->n : 1));
+    on->t = calloc((size_t)(w->n ? w->n : 1), sizeof *on->t);
+    if (!on->desc || !on->t) {
+        fs_weights_free(on);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    memcpy(on->desc, w->desc, sizeof *on->desc * (size_t)w->n);
+    for (int i = 0; i < w->n; i++) {
+        const fs_tensor *src = &w->t[i];
+        if (!be || be->host_addressable) { /* zero copy: the backend computes on these bytes */
+            on->t[i] = *src;
+            on->t[i].owns = 0;
+            continue;
+        }
+        int rc = fs_tensor_alloc_on(&on->t[i], be, src->dtype, src->ndim, src->shape, e);
+        if (!rc) rc = fs_tensor_upload(&on->t[i], src, e);
+        if (rc) {
+            fs_err_prefix(e, "uploading weight %s to %s: ", w->desc[i].name, be->name);
+            fs_weights_free(on);
+            return rc;
+        }
+    }
+    return FS_OK;
+}
+
 int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, fs_err *e)
 {
-    return fs_weights_synthetic_shard(w, c, dt, seed, NULL, 1, 0, e); /* the shard that is everything */
+    return fs_weights_synthetic_shard(w, c, dt, seed, NULL, 1, 0, NULL, e); /* the shard that is everything */
 }
 
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name)

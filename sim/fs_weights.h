@@ -9,6 +9,7 @@
 #define FS_WEIGHTS_H
 
 #include "fs_config.h"
+#include "fs_plan.h"
 #include "fs_tensor.h"
 
 typedef struct fs_mapping {
@@ -36,30 +37,61 @@ int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_
 /* The value of element `index` of synthetic parameter `d` (what fs_weights_synthetic stores,
  * before rounding to the run dtype). For sharded generation and tests. */
 double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index);
+/* Elements [first, first + count) of synthetic parameter `d` as a `dt` run stores them (float:
+ * the value rounded to nearest even), into out (float or double): bit-identical to
+ * fs_weights_synthetic_value element by element. Vectorised (fs_rng_fast.c) and OpenMP-threaded
+ * over blocks (serial inside a caller's parallel region). For generating without holding a whole
+ * tensor (tools/make_checkpoint.c) and for fs_weights_synthetic itself. */
+void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                               void *out);
+/* The same values by the old path (libm per pair, one thread): the reference for benchmarks and
+ * tests. */
+void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                                      void *out);
 
 /* Load from safetensors (implemented in fs_weights_load.c). `path` is a .safetensors file,
- * a *.safetensors.index.json, or a directory containing either. Every tensor is validated
+ * a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
+ * (its transformer/ is opened; fs_pipeline.h). Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
 
-/* Which part of parameter `d` TP rank t of T holds under `plan`: rows [r0, r1) and the column
- * intervals (1 or 2; packed_rowwise has 2). sharded == 0: the whole tensor. */
-typedef struct fs_wshard {
-    int sharded;
-    int64_t r0, r1;
-    int nc;
-    int64_t c[2][2];
-} fs_wshard;
+/* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
+ * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
+ * "model.diffusion_model." prefix), its first dimension `rows` (the fused size for qkv/linear1),
+ * and *np pieces: rows [src_r0, src_r0 + nrows) of the BFL tensor are rows [dst_r0, ...) of d
+ * (two pieces for norm_out's swapped halves). Returns -1 for a parameter no rule covers. */
+typedef struct fs_bfl_piece {
+    int64_t src_r0, nrows, dst_r0;
+} fs_bfl_piece;
+int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
+                          fs_bfl_piece p[2], int *np);
+
+/* Which part of parameter `d` TP rank t of T holds under `plan`: the TP split of its Linear
+ * (fs_tp_split_of, the one owner of that arithmetic): rows [r0, r1) and the column intervals.
+ * RMSNorm weights and parameters of replicated Linears get the whole tensor. */
 struct fs_plan;
 int fs_weights_shard_of(const fs_param_desc *d, const struct fs_plan *plan, const fs_config *c, int T, int t,
-                        fs_wshard *s, fs_err *e);
+                        const fs_inject *inj, fs_tp_split *s, fs_err *e);
 /* Synthetic weights, only rank t's shard of each plan-split Linear (bit-identical to the same
  * elements of the full tensors: the RNG is addressed by element). */
 int fs_weights_synthetic_shard(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed,
-                               const struct fs_plan *plan, int T, int t, fs_err *e);
+                               const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
 /* Cut full weights down to rank t's shards in place: colwise row slices of an mmap'd tensor stay
- * views (no copy); column slices (rowwise, packed_rowwise) are copied. */
-int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, fs_err *e);
+ * views (no copy); column slices (rowwise, packed_rowwise) are copied. With --inject
+ * fused-qkv-contiguous the q/k/v projections are cut from their fused [q; k; v] instead (the bug
+ * needs every rank's full q, k and v, so it only exists here, not in synthetic shards). */
+int fs_weights_shard(fs_weights *w, const struct fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e);
+
+/* Every tensor converted to dtype dt (owned copies). With weights made or loaded in bfloat16 this
+ * is --match bf16: the weights a bf16 transformer computes with (round to nearest even, as
+ * `from_pretrained(torch_dtype=torch.bfloat16)` loads them), solved at float64 precision. */
+int fs_weights_convert(fs_weights *w, fs_dtype dt, fs_err *e);
+
+/* The weights as a backend computes with them: `on` gets the same names and shapes, its tensors
+ * in the memory of `be` — views of w's tensors when be's memory is host-addressable (the CPU
+ * backend: nothing is copied), uploaded copies otherwise (a GPU, cpu-strict). w must outlive on;
+ * fs_weights_free(on) frees only what was uploaded. */
+int fs_weights_on(const fs_weights *w, struct fs_backend *be, fs_weights *on, fs_err *e);
 
 /* Tensor by diffusers name, NULL if the config has no such parameter. */
 const fs_tensor *fs_weights_get(const fs_weights *w, const char *name);

@@ -6,6 +6,7 @@
  * order, so a plan is a row slice of a bigger tensor, or two slices swapped. A single contiguous
  * slice of an F32 source in an F32 run is used in place (a view into the mapping); anything
  * else is decoded into an owned tensor. */
+#include "fs_pipeline.h"
 #include "fs_safetensors.h"
 #include "fs_weights.h"
 
@@ -149,6 +150,18 @@ static int plan_bfl(plan *pl, const fs_param_desc *d, const fs_config *c, const 
     return rows == d->shape[0] ? 0 : -1;
 }
 
+int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
+                          fs_bfl_piece p[2], int *np)
+{
+    plan pl = {0};
+    if (plan_bfl(&pl, d, c, "")) return -1;
+    snprintf(name, name_len, "%s", pl.src);
+    *rows = pl.src_rows;
+    *np = pl.np;
+    for (int k = 0; k < pl.np; k++) p[k] = (fs_bfl_piece){pl.p[k].src_r0, pl.p[k].nrows, pl.p[k].dst_r0};
+    return 0;
+}
+
 /* Which naming the checkpoint uses, from the first component of every key. A checkpoint that
  * mixes conventions is refused rather than half-loaded. */
 enum naming { N_UNKNOWN, N_DIFFUSERS, N_BFL, N_BFL_PREFIXED };
@@ -221,12 +234,13 @@ static int fill(fs_tensor *t, const fs_param_desc *d, const plan *pl, const fs_s
     /* A view needs the bytes to already be what the run computes with, in one piece, and
      * aligned for float loads (safetensors does not promise alignment; the Python writer pads
      * the header to 8 bytes, so in practice every tensor qualifies). */
-    const char *first = pl->np == 1 && en->dtype == FS_ST_F32 && dt == FS_F32
-                            ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * sizeof(float)
-                            : NULL;
-    if (first && (uintptr_t)first % alignof(float) == 0) {
+    const int as_stored = (en->dtype == FS_ST_F32 && dt == FS_F32) || (en->dtype == FS_ST_BF16 && dt == FS_BF16) ||
+                          (en->dtype == FS_ST_F64 && dt == FS_F64);
+    const size_t es = fs_dtype_size(dt);
+    const char *first = pl->np == 1 && as_stored ? (const char *)en->data + (size_t)(pl->p[0].src_r0 * row) * es : NULL;
+    if (first && (uintptr_t)first % es == 0) {
         memset(t, 0, sizeof *t);
-        t->dtype = FS_F32;
+        t->dtype = dt;
         t->ndim = d->ndim;
         for (int k = 0; k < d->ndim; k++) t->shape[k] = d->shape[k];
         t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */
@@ -250,10 +264,13 @@ int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *
 
     fs_st_archive a;
     unsigned char *used = NULL;
-    if ((rc = fs_st_archive_open(&a, path, e))) {
+    char *open_path = NULL; /* a pipeline folder's transformer/ (fs_pipeline.c), else path */
+    if ((rc = fs_pipeline_weights_path(path, &open_path, e)) || (rc = fs_st_archive_open(&a, open_path, e))) {
+        free(open_path);
         fs_weights_free(w);
         return rc;
     }
+    free(open_path);
     enum naming naming;
     if ((rc = detect_naming(&a, &naming, e))) goto fail;
     const int bfl = naming == N_BFL || naming == N_BFL_PREFIXED;

@@ -5,6 +5,8 @@
  * divergence, 2 usage or input error (one line on stderr naming file, tensor and cause; no
  * output file left behind). */
 #include <errno.h>
+#include <signal.h>
+#include <unistd.h>
 #include <getopt.h>
 #include <sys/stat.h>
 #include <math.h>
@@ -16,14 +18,18 @@
 #include <cjson/cJSON.h>
 
 #include "fs_check.h"
+#include "fs_cleanup.h"
 #include "fs_debug.h"
 #include "fs_comm.h"
 #include "fs_dump.h"
 #include "fs_gather.h"
 #include "fs_model.h"
+#include "fs_pipeline.h"
 #include "fs_sampler.h"
+#include "fs_sink.h"
+#include "fo_dump.h"
 
-#define FLUX_SIM_VERSION "0.1.0"
+#define FLUX_SIM_VERSION FS_VERSION
 
 static void usage(FILE *f)
 {
@@ -39,7 +45,11 @@ static void usage(FILE *f)
             "  --weights PATH        safetensors: a file, a *.safetensors.index.json, or a directory\n"
             "                        (diffusers or BFL names, F32/BF16/F16) [default: synthetic weights]\n"
             "  --weights-seed N      seed of the synthetic weights [0]\n"
-            "  --precision P         fp32 or fp64 [fp32]\n"
+            "  --precision P         fp32, fp64, or bf16 (bfloat16 storage, float32 compute, rounded where\n"
+            "                        PyTorch's GPU kernels round: docs/bf16.md) [$FLUX_SIM_PRECISION, else fp32]\n"
+            "  --match bf16          with fp32/fp64: solve the problem a bf16 run solves (weights and inputs\n"
+            "                        rounded to bf16, timestep and guidance embedded as bf16 rounds them) at\n"
+            "                        this precision: the reference a bf16 run is judged against\n"
             "\n"
             "Inputs:\n"
             "  --inputs DUMP.h5      replay the config, inputs, sigmas and timesteps of a flux-dump (e.g. one\n"
@@ -59,6 +69,8 @@ static void usage(FILE *f)
             "  --ring R              ring attention degree (K/V rotate, LSE merge)\n"
             "  --ring-rotate M       allgather (as diffusers) or p2p (Isend/Irecv overlapped) [allgather]\n"
             "                        [default layout: tp = ranks if the heads divide, else ring]\n"
+            "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
+            "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
             "  --print-plan          print the built-in FLUX TP plan (a starting point for --plan) and exit\n"
             "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
@@ -90,7 +102,9 @@ static void usage(FILE *f)
 }
 
 typedef struct opts {
-    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate;
+    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
+        *backend, *lse_layout, *match, *ar_order;
+    int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
     double rtol, rtol_max;
@@ -123,7 +137,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -140,12 +154,17 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"rtol-max", required_argument, 0, O_RTOLMAX}, {"dump-per-rank", required_argument, 0, O_DPR},
         {"comm-stats", no_argument, 0, O_CSTATS},     {"inject", required_argument, 0, O_INJECT},
         {"break-on-divergence", no_argument, 0, O_BREAK}, {"wait-for-debugger", required_argument, 0, O_WAIT},
+        {"backend", required_argument, 0, O_BACKEND}, {"lse-layout", required_argument, 0, O_LSE},
+        {"match", required_argument, 0, O_MATCH},     {"allreduce-order", required_argument, 0, O_AR_ORDER},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->wait_rank = -1;
     o->config = NULL;
-    o->precision = "fp32";
+    o->precision = getenv("FLUX_SIM_PRECISION") && *getenv("FLUX_SIM_PRECISION") ? getenv("FLUX_SIM_PRECISION") : "fp32";
+    /* the environment sets the default backend, so a whole test suite or CI job can run on
+     * another backend without touching its command lines (FLUX_SIM_BACKEND=cpu-strict make test) */
+    o->backend = getenv("FLUX_SIM_BACKEND") && *getenv("FLUX_SIM_BACKEND") ? getenv("FLUX_SIM_BACKEND") : "cpu";
     o->gen = (fs_gen_params){.seed = 0, .batch = 1, .grid_h = 16, .grid_w = 16, .txt_len = 32, .steps = 4,
                              .guidance = 3.5};
     opterr = 0;
@@ -155,7 +174,16 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_CONFIG: o->config = optarg; break;
         case O_WEIGHTS: o->weights = optarg; break;
         case O_WSEED: rc = parse_u64(optarg, "--weights-seed", &o->weights_seed, e); break;
-        case O_PREC: o->precision = optarg; break;
+        case O_PREC: o->precision = optarg; o->precision_given = 1; break;
+        case O_MATCH:
+            o->match = optarg;
+            if (strcmp(optarg, "bf16")) rc = fs_errf(e, FS_E_INPUT, "--match: '%s' is not bf16 (the only run matched today)", optarg);
+            break;
+        case O_AR_ORDER:
+            o->ar_order = optarg;
+            if (strcmp(optarg, "rank") && strcmp(optarg, "reverse") && strcmp(optarg, "ring"))
+                rc = fs_errf(e, FS_E_INPUT, "--allreduce-order: '%s' is not rank, reverse or ring", optarg);
+            break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
         case O_GRID:
@@ -180,6 +208,12 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_CSTATS: o->comm_stats = 1; break;
         case O_BREAK: o->brk = 1; break;
         case O_WAIT: rc = parse_int(optarg, "--wait-for-debugger", 0, &o->wait_rank, e); break;
+        case O_BACKEND: o->backend = optarg; break;
+        case O_LSE:
+            o->lse_layout = optarg;
+            if (strcmp(optarg, "bhs") && strcmp(optarg, "bsh"))
+                rc = fs_errf(e, FS_E_INPUT, "--lse-layout: '%s' is not bhs or bsh", optarg);
+            break;
         case O_INJECT:
             if (!strcmp(optarg, "list")) {
                 printf("Bugs --inject re-creates in the parallel code path (docs/bugs.md):\n%s", fs_inject_catalogue());
@@ -227,8 +261,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     }
     if (rc) return rc;
     if (optind < argc) return fs_errf(e, FS_E_INPUT, "unexpected argument '%s' (see flux-sim --help)", argv[optind]);
-    if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp64"))
-        return fs_errf(e, FS_E_INPUT, "--precision: '%s' is not fp32 or fp64", o->precision);
+    if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp64") && strcmp(o->precision, "bf16"))
+        return fs_errf(e, FS_E_INPUT, "--precision: '%s' is not fp32, fp64 or bf16", o->precision);
+    if (o->match && !strcmp(o->precision, "bf16"))
+        return fs_errf(e, FS_E_INPUT, "--match bf16 is the high-precision reference of a bf16 run: use it with --precision "
+                                      "fp64 (or fp32), not bf16");
     if (o->brk && !o->check) return fs_errf(e, FS_E_INPUT, "--break-on-divergence needs --check");
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
@@ -236,133 +273,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     return FS_OK;
 }
 
-/* ---- recording consumers: the dump (global layout), --check, or both ---- */
-
-typedef struct sink {
-    fs_dump *dump;        /* serial dump, or every rank's handle of the parallel (MPI-IO) dump */
-    fs_dump *local;       /* --dump-per-rank: this rank's file */
-    cJSON *local_sharding;
-    fs_check *check;
-    const fs_par *par;
-    int gather;           /* parallel run: gather every tensor to rank 0 before dumping */
-    cJSON *sharding;      /* name -> distribution, for the `parallel` attribute (first step) */
-    int step;
-} sink;
-
-static int sink_begin(void *ctx, int step, double t, double sg, double sn, fs_err *e)
-{
-    sink *k = ctx;
-    k->step = step;
-    int rc = FS_OK;
-    if (k->check) {
-        fs_step_hooks h = fs_check_hooks(k->check);
-        rc = h.begin_step(h.ctx, step, t, sg, sn, e);
-    }
-    if (!rc && k->dump) rc = fs_dump_begin_step(k->dump, step, t, sg, sn, e);
-    if (!rc && k->local) rc = fs_dump_begin_step(k->local, step, t, sg, sn, e);
-    return rc;
-}
-
-static int sink_end(void *ctx, int step, fs_err *e)
-{
-    sink *k = ctx;
-    int rc = k->dump ? fs_dump_end_step(k->dump, e) : FS_OK;
-    if (!rc && k->local) rc = fs_dump_end_step(k->local, e);
-    return rc;
-}
-
-/* flux-dump `sharding` entry of one dataset from every rank's piece. */
-static cJSON *sharding_json(const fs_piece *pieces, int world)
-{
-    const fs_piece *p0 = &pieces[0];
-    if (p0->sh.ndims == 0) return cJSON_CreateString("replicated");
-    cJSON *dims = cJSON_CreateArray();
-    for (int k = 0; k < p0->sh.ndims; k++) {
-        cJSON *o = cJSON_CreateObject(), *ranges = cJSON_CreateArray();
-        cJSON_AddNumberToObject(o, "dim", p0->sh.d[k].dim);
-        for (int r = 0; r < world; r++) {
-            cJSON *rr = cJSON_CreateArray();
-            const fs_shard_dim *d = &pieces[r].sh.d[k];
-            for (int i = 0; i < d->n; i++) {
-                double iv[2] = {(double)d->iv[i][0], (double)d->iv[i][1]};
-                cJSON_AddItemToArray(rr, cJSON_CreateDoubleArray(iv, 2));
-            }
-            cJSON_AddItemToArray(ranges, rr);
-        }
-        cJSON_AddItemToObject(o, "ranges", ranges);
-        cJSON_AddItemToArray(dims, o);
-    }
-    if (p0->sh.ndims == 1) {
-        cJSON *one = cJSON_DetachItemFromArray(dims, 0);
-        cJSON_Delete(dims);
-        return one;
-    }
-    cJSON *o = cJSON_CreateObject(); /* split on two axes: the flux-dump extension key "dims" */
-    cJSON_AddItemToObject(o, "dims", dims);
-    return o;
-}
-
-static int sink_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
-{
-    sink *k = ctx;
-    int rc = FS_OK;
-    if (k->check) {
-        fs_recorder r = fs_check_recorder(k->check);
-        if ((rc = r.fn(r.ctx, name, t, sh, e))) return rc;
-    }
-    if (k->local) { /* this rank's view; at step 0 learn every rank's piece for the sharding map */
-        if ((rc = fs_dump_record(k->local, name, t, e))) fs_comm_abort(2);
-        if (k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->local_sharding, name)) {
-            fs_piece *all = calloc((size_t)k->par->world, sizeof *all);
-            if (!all) fs_comm_abort(FS_E_NOMEM);
-            fs_pieces_allgather(k->par->g_world, t, sh, all);
-            cJSON_AddItemToObject(k->local_sharding, name, sharding_json(all, k->par->world));
-            free(all);
-        }
-    }
-    if (!k->dump) return FS_OK;
-    if (!k->gather) return fs_dump_record(k->dump, name, t, e);
-    /* parallel HDF5: every rank learns every piece (descriptors only), so all agree on the
-     * global shape and on who writes each duplicate, then each writes its own hyperslab */
-    const int W = k->par->world, me = k->par->rank;
-    fs_piece *all = calloc((size_t)W, sizeof *all);
-    int64_t gshape[FS_MAX_DIMS];
-    if (!all) fs_comm_abort(FS_E_NOMEM);
-    fs_pieces_allgather(k->par->g_world, t, sh, all);
-    if (fs_pieces_global_shape(all, W, gshape)) rc = fs_errf(e, FS_E_INTERNAL, "%s: ranks hold incompatible pieces", name);
-    if (!rc) rc = fs_dump_record_piece(k->dump, name, t, sh, gshape, fs_pieces_first_holder(all, W, me) == me, e);
-    if (!rc && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->sharding, name))
-        cJSON_AddItemToObject(k->sharding, name, sharding_json(all, W));
-    free(all);
-    /* a failed write on one rank must stop every rank at the same record */
-    if (fs_allreduce_max_int(k->par->g_world, rc) && !rc) rc = fs_errf(e, FS_E_IO, "another rank failed writing the dump");
-    return rc;
-}
-
 static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The flux-dump `parallel` attribute: world, mesh, optional rank (-1: a global dump), extras,
- * and the sharding map (consumed). */
-static char *parallel_json(const fs_par *par, int rank, const char *plan_source, cJSON *sharding)
-{
-    cJSON *pj = cJSON_CreateObject(), *mesh = cJSON_CreateObject();
-    cJSON_AddNumberToObject(pj, "world", par->world);
-    if (rank >= 0) cJSON_AddNumberToObject(pj, "rank", rank);
-    cJSON_AddNumberToObject(mesh, "tp", par->tp);
-    cJSON_AddNumberToObject(mesh, "ulysses", par->ulysses);
-    cJSON_AddNumberToObject(mesh, "ring", par->ring);
-    cJSON_AddItemToObject(pj, "mesh", mesh);
-    cJSON_AddStringToObject(pj, "ring_rotate", par->rotate == FS_RING_P2P ? "p2p" : "allgather");
-    cJSON_AddStringToObject(pj, "tp_plan", plan_source);
-    cJSON_AddItemToObject(pj, "sharding", sharding);
-    char *js = cJSON_PrintUnformatted(pj);
-    cJSON_Delete(pj);
-    return js;
 }
 
 /* All ranks agree on an error: the worst code wins; rank 0 reports it (its own message, or a
@@ -378,46 +293,151 @@ static int agree(const fs_group *w, int rc, fs_err *e)
     return all;
 }
 
-static int load_config(const char *name, fs_config *c, fs_err *e)
+/* --config NAME|FILE|DIR (fs_pipeline_load_config); without it, the config.json beside --weights
+ * (its transformer or pipeline folder, fs_pipeline.h): the checkpoint says what model it is.
+ * Else the default preset. */
+static int load_config(const char *name, const char *weights, fs_config *c, fs_err *e)
 {
-    return (strchr(name, '/') || strstr(name, ".json")) ? fs_config_from_file(c, name, e) : fs_config_preset(c, name, e);
+    if (name) return fs_pipeline_load_config(c, name, e);
+    fs_pipeline p;
+    int rc = weights ? fs_pipeline_resolve(&p, weights, e) : FS_OK;
+    if (!rc) rc = weights && p.config ? fs_pipeline_config_file(c, p.config, e) : fs_config_preset(c, "default", e);
+    if (weights) fs_pipeline_free(&p); /* resolve leaves p initialised either way */
+    return rc;
+}
+
+/* --scheduler when given; else the pipeline's scheduler/scheduler_config.json when --weights is
+ * in a pipeline folder; else FLUX.1-dev's (guidance embedder) or -schnell's. */
+static int load_sched(const opts *o, const fs_config *c, fs_sched_config *s, fs_err *e)
+{
+    if (!o->scheduler && o->weights) {
+        fs_pipeline p;
+        int rc = fs_pipeline_resolve(&p, o->weights, e);
+        if (rc) return rc;
+        if (p.scheduler) rc = fs_pipeline_sched_file(s, p.scheduler, e);
+        const int done = p.scheduler != NULL;
+        fs_pipeline_free(&p);
+        if (rc || done) return rc;
+    }
+    return fs_sched_preset(s, o->scheduler ? o->scheduler : (c->guidance_embeds ? "dev" : "schnell"), e);
+}
+
+static volatile sig_atomic_t sig_rank, sig_quiet; /* the signal handlers' state (below main's helpers) */
+
+/* A run that fails on one rank in the middle of the sampling loop (not a --check divergence,
+ * which every rank learns together) may leave the others inside a collective: agreeing would
+ * hang. The failing rank says why, naming itself, and ends the job (exit 2). */
+static _Noreturn void end_job(const fs_group *world, fs_err *e)
+{
+    sig_quiet = 1;    /* mpirun's SIGTERM may follow: this rank has said why already */
+    fs_cleanup_run(); /* no dump temporary survives: this rank knows every name it could leave */
+    fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
+    fflush(stderr);
+    fs_comm_abort(2);
+}
+
+/* A bfloat16 run replayed in float32 or float64 embeds other timesteps and guidance than it did
+ * (3500 instead of the 3504 a bf16 transformer embeds): say so, once, before the user reads the
+ * diff as a bug. */
+static void note_bf16_replay(const opts *o, fs_dtype dt)
+{
+    fo_file *f = NULL;
+    fs_err ignore = {0};
+    if (dt == FS_BF16 || o->match || fo_file_open(&f, o->inputs, &ignore)) return;
+    if (!strcmp(fo_file_dtype(f), "bfloat16"))
+        fprintf(stderr, "flux-sim: note: %s is a bfloat16 run; replaying it in %s embeds unrounded timesteps and guidance. "
+                        "Replay it with --precision bf16, and judge it against --precision fp64 --match bf16 "
+                        "(docs/bf16.md)\n",
+                o->inputs, fs_dtype_name(dt));
+    fo_file_close(f);
+}
+
+/* --check of a bf16 run (rank 0): also the matched float64 truth of the same problem — the bf16
+ * weights and inputs promoted exactly to float64, the timesteps and guidance a bf16 transformer
+ * embeds — so every tensor is judged by the measured bf16 arbiter rule (docs/bf16.md). */
+static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_inputs *in, fs_backend *be, fs_check *check,
+                                fs_err *e)
+{
+    fs_inputs tin = {0};
+    fs_weights wb = {0};
+    fs_tensor rl = {0};
+    int rc = fs_inputs_copy(&tin, in, e);
+    if (!rc) rc = fs_inputs_convert(&tin, FS_F64, e);
+    if (!rc) fs_inputs_match_bf16(&tin);
+    if (!rc) rc = fs_weights_convert(w, FS_F64, e); /* exact: every value is a bf16 value */
+    if (!rc) rc = fs_weights_on(w, be, &wb, e);
+    if (!rc) {
+        fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .be = be, .rec = fs_check_truth_recorder(check),
+                          .match_bf16 = 1};
+        fs_step_hooks h = fs_check_truth_hooks(check);
+        rc = fs_sample(&truth, &tin, &h, &rl, e);
+    }
+    fs_tensor_free(&rl);
+    fs_weights_free(&wb);
+    if (!rc) rc = fs_weights_convert(w, FS_BF16, e); /* back, exactly, for this rank's parallel run */
+    fs_inputs_free(&tin);
+    return rc;
 }
 
 static int run(const opts *o, fs_err *e)
 {
     const fs_group *world = fs_comm_world();
     const int root = world->rank == 0, quiet = o->quiet || !root;
-    fs_dtype dt = strcmp(o->precision, "fp64") ? FS_F32 : FS_F64;
+    const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
+    /* --match bf16: inputs and weights are made (or read) as a bf16 run has them, then converted
+     * exactly to the run's precision */
+    const fs_dtype pdt = o->match ? FS_BF16 : dt;
     fs_config cfg;
     fs_inputs in = {0};
-    fs_weights w = {0};
+    fs_weights w = {0}, wb = {0}; /* host weights, and as the backend computes with them */
     fs_dump *dump = NULL, *local = NULL;
     fs_tensor lat = {0};
     fs_plan plan = {0};
     fs_par par = {0};
     fs_check *check = NULL;
-    sink sk = {0};
+    fs_sink *sink = NULL;
+    fs_backend *be = NULL;
     int rc = FS_OK;
     memset(&cfg, 0, sizeof cfg);
+
+    /* 0. the backend every activation lives in */
+    rc = fs_backend_open(o->backend, &be, e);
+    if (!rc && o->lse_layout) be->lse_layout = !strcmp(o->lse_layout, "bsh") ? FS_LSE_BSH : FS_LSE_BHS;
+    if ((rc = agree(world, rc, e))) goto out;
 
     /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
      *    setup: one source of truth, received into buffers every rank allocated itself) */
     if (root) {
         if (o->inputs) {
-            if (!(rc = fs_dump_read_inputs(o->inputs, dt, &cfg, &in, e)) && o->config) {
-                fs_config want;
-                if (!(rc = load_config(o->config, &want, e)) && memcmp(&want, &cfg, sizeof cfg))
-                    rc = fs_errf(e, FS_E_INPUT, "--config %s differs from the config stored in %s", o->config, o->inputs);
+            /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
+            char what[600] = "";
+            fs_config want = cfg;
+            if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && o->config) {
+                snprintf(what, sizeof what, "--config %s", o->config);
+                rc = load_config(o->config, NULL, &want, e);
+            } else if (!rc && o->weights) {
+                fs_pipeline p;
+                if (!(rc = fs_pipeline_resolve(&p, o->weights, e)) && p.config) {
+                    snprintf(what, sizeof what, "%s (beside --weights)", p.config);
+                    rc = fs_pipeline_config_file(&want, p.config, e);
+                }
+                fs_pipeline_free(&p); /* resolve leaves p initialised either way */
             }
-        } else if (!(rc = load_config(o->config ? o->config : "default", &cfg, e))) {
+            if (!rc && *what && memcmp(&want, &cfg, sizeof cfg))
+                rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
+        } else if (!(rc = load_config(o->config, o->weights, &cfg, e))) {
             fs_gen_params g = o->gen;
-            rc = fs_sched_preset(&g.sched, o->scheduler ? o->scheduler : (cfg.guidance_embeds ? "dev" : "schnell"), e);
-            if (!rc) rc = fs_inputs_generate(&in, &cfg, dt, &g, e);
+            rc = load_sched(o, &cfg, &g.sched, e);
+            if (!rc) rc = fs_inputs_generate(&in, &cfg, pdt, &g, e);
         }
+        if (!rc && pdt != dt) rc = fs_inputs_convert(&in, dt, e);
+        if (!rc && o->match) fs_inputs_match_bf16(&in);
+        if (!rc && o->inputs && !quiet) note_bf16_replay(o, dt);
     }
     if ((rc = agree(world, rc, e))) goto out;
     fs_bcast(world, 0, &cfg, sizeof cfg);
-    if ((rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e))) goto out;
+    rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e);
+    if (rc) end_job(world, e); /* the others are inside the broadcasts */
 
     /* 2. layout and plan */
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
@@ -426,11 +446,6 @@ static int run(const opts *o, fs_err *e)
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
     rc = o->plan ? fs_plan_load(&plan, o->plan, e) : fs_plan_parse(&plan, fs_plan_default_text(), "built-in plan", e);
-    /* --inject proj-out-contiguous: the wrong slice itself — packed_rowwise proj_out cut as
-     * contiguous columns, for the weights and for the Linear alike (seed 000 TP-1) */
-    if (!rc && fs_injected(&o->inject, FS_INJ_PROJ_OUT_CONTIGUOUS))
-        for (int i = 0; i < plan.n; i++)
-            if (plan.rules[i].style == FS_TP_PACKED_ROWWISE) plan.rules[i].style = FS_TP_ROWWISE;
     if (!rc)
         rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
@@ -439,44 +454,47 @@ static int run(const opts *o, fs_err *e)
     if ((rc = agree(world, rc, e))) goto out;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
+    if (o->ar_order)
+        fs_comm_set_bf16_order(!strcmp(o->ar_order, "ring")      ? FS_BF16_ORDER_RING
+                               : !strcmp(o->ar_order, "reverse") ? FS_BF16_ORDER_REVERSE
+                                                                 : FS_BF16_ORDER_RANK);
 
     /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
      *    those elements are generated; checkpoints: mmap'd, colwise shards stay views). Rank 0
-     *    keeps full weights when it runs the in-job single-rank reference of --check. */
+     *    keeps full weights while it runs the in-job single-rank reference of --check, and cuts
+     *    them to its shard afterwards; fused-qkv-contiguous cuts q|k|v from full weights. */
     double t0 = now();
-    const int full = tp == 1 || (root && o->check && !o->check_ref) ||
-                     fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS); /* it cuts the full q|k|v */
-    if (o->weights) {
-        rc = fs_weights_load(&w, &cfg, dt, o->weights, e);
-        if (!rc && !full) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, e);
-    } else {
-        rc = full ? fs_weights_synthetic(&w, &cfg, dt, o->weights_seed, e)
-                  : fs_weights_synthetic_shard(&w, &cfg, dt, o->weights_seed, &plan, tp, par.tp_rank, e);
-    }
+    const int ref_in_job = o->check && !o->check_ref;
+    const int full = tp == 1 || (root && ref_in_job) || fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    if (o->weights) rc = fs_weights_load(&w, &cfg, pdt, o->weights, e);
+    else if (full) rc = fs_weights_synthetic(&w, &cfg, pdt, o->weights_seed, e);
+    else rc = fs_weights_synthetic_shard(&w, &cfg, pdt, o->weights_seed, &plan, tp, par.tp_rank, par.inject, e);
+    if (!rc && tp > 1 && !(root && ref_in_job) && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
+    if (!rc && pdt != dt) rc = fs_weights_convert(&w, dt, e);
     if ((rc = agree(world, rc, e))) goto out;
     double t_load = now() - t0;
 
     /* 4. the dump is created before any compute: serial, or parallel HDF5 over all ranks (the
      *    global layout, each rank writing its hyperslabs; attributes identical on every rank) */
-    char wdesc[600];
+    char wdesc[600], producer[320];
     if (o->weights) snprintf(wdesc, sizeof wdesc, "%s", o->weights);
     else snprintf(wdesc, sizeof wdesc, "synthetic seed %llu", (unsigned long long)o->weights_seed);
+    snprintf(producer, sizeof producer, "flux-sim %s (%s, %s%s)", FLUX_SIM_VERSION, be->name, fs_dtype_name(dt),
+             o->match ? ", matched to bfloat16" : "");
     if (o->dump) {
-        char producer[256];
-        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s)", FLUX_SIM_VERSION, fs_dtype_name(dt));
         rc = world->size > 1 ? fs_dump_create_parallel(&dump, o->dump, world, &cfg, dt, producer, e)
                              : fs_dump_create(&dump, o->dump, &cfg, dt, producer, e);
         if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
             rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
+        if (!rc && o->match) rc = fs_dump_set_attr_string(dump, "matched_to", "bfloat16", e); /* as the reference's */
     }
     if (!rc && o->dump_per_rank) {
-        char path[1024], producer[256];
+        char path[1024], lprod[400];
         if (mkdir(o->dump_per_rank, 0777) && errno != EEXIST)
             rc = fs_errf(e, FS_E_IO, "%s: cannot create directory: %s", o->dump_per_rank, strerror(errno));
         snprintf(path, sizeof path, "%s/rank_%d.h5", o->dump_per_rank, world->rank);
-        snprintf(producer, sizeof producer, "flux-sim %s (cpu-openblas, %s), rank %d local view", FLUX_SIM_VERSION,
-                 fs_dtype_name(dt), world->rank);
-        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, producer, e)) &&
+        snprintf(lprod, sizeof lprod, "%s, rank %d local view", producer, world->rank);
+        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, lprod, e)) &&
             !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
             rc = fs_dump_set_attr_string(local, "weights", w.source, e);
     }
@@ -484,43 +502,51 @@ static int run(const opts *o, fs_err *e)
         fs_check_tol tol = fs_check_default_tol(dt);
         if (o->rtol > 0) tol.rtol = o->rtol;
         if (o->rtol_max > 0) tol.mtol = o->rtol_max;
-        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->check_ref, e);
+        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->rtol > 0 || o->rtol_max > 0, o->check_ref, e);
         if (!rc) fs_check_set_break(check, o->brk);
+    }
+    if (!rc) { /* from here on the sink owns the dumps */
+        fs_sink_opts so = {.par = &par, .dump = dump, .local = local, .check = check};
+        if (!(rc = fs_sink_create(&sink, &so, e))) dump = local = NULL;
     }
     if ((rc = agree(world, rc, e))) goto out;
 
     char lay[128];
     fs_par_describe(&par, lay, sizeof lay);
     if (!quiet)
-        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s; weights: %s (%.2f s)\n"
+        printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s on %s; weights: %s (%.2f s)\n"
                "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n"
                "  layout: %d rank%s, %s%s%s\n",
                FLUX_SIM_VERSION, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
-               fs_dtype_name(dt), w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img, in.S_txt,
-               in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
+               fs_dtype_name(dt), be->name, w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img,
+               in.S_txt, in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
                tp > 1 ? plan.source : "");
 
-    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs */
-    if (check && !o->check_ref && root) {
-        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .rec = fs_check_ref_recorder(check)};
+    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
+     *    cuts its weights to its TP shard like every other rank */
+    if (ref_in_job && root) {
+        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_check_ref_recorder(check),
+                        .match_bf16 = o->match != NULL};
         fs_step_hooks h = fs_check_ref_hooks(check);
         fs_tensor rl = {0};
         t0 = now();
-        rc = fs_sample(&ref, &in, &h, &rl, e);
+        if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
         fs_tensor_free(&rl);
+        fs_weights_free(&wb);
+        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, e);
+        if (!rc && tp > 1 && w.tp == 1) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
         if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
     }
+    if (!rc) rc = fs_weights_on(&w, be, &wb, e);
     if ((rc = agree(world, rc, e))) goto out;
 
     /* 6. the run in this layout */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .par = &par};
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .par = &par, .match_bf16 = o->match != NULL};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || check;
-    sk = (sink){.dump = dump, .local = local, .check = check, .par = &par, .gather = world->size > 1,
-                .sharding = cJSON_CreateObject(), .local_sharding = cJSON_CreateObject()};
-    if (recording) m.rec = (fs_recorder){.fn = sink_record, .ctx = &sk};
-    fs_step_hooks hooks = {.begin_step = sink_begin, .end_step = sink_end, .ctx = &sk};
+    if (recording) m.rec = fs_sink_recorder(sink);
+    fs_step_hooks hooks = fs_sink_hooks(sink);
     t0 = now();
     fs_comm_stats_reset();
     rc = fs_sample(&m, &in, &hooks, &lat, e);
@@ -537,48 +563,32 @@ static int run(const opts *o, fs_err *e)
         fflush(stdout);
     }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    /* an error inside the forward (not a divergence) may have hit one rank only, in the middle of
-     * a collective sequence: agreeing would hang, so the failing rank ends the job */
-    if (rc && world->size > 1) {
-        fprintf(stderr, "flux-sim: error on rank %d: %s\n", world->rank, e->msg);
-        fs_comm_abort(2);
-    }
+    if (rc && world->size > 1) end_job(world, e);
     if (rc) goto out;
-    if (local) {
-        char *js = parallel_json(&par, world->rank, plan.source, sk.local_sharding);
-        sk.local_sharding = NULL;
-        rc = fs_dump_set_attr_string(local, "parallel", js, e);
-        free(js);
-        if (!rc) rc = fs_dump_write_final(local, &lat, e);
-        if (!rc) rc = fs_dump_close(local, e);
-        local = NULL;
-    }
-    if (dump) {
-        if (world->size > 1) {
-            char *js = parallel_json(&par, -1, plan.source, sk.sharding);
-            sk.sharding = NULL;
-            rc = fs_dump_set_attr_string(dump, "parallel", js, e);
-            free(js);
-        }
-        if (!rc) rc = fs_dump_write_final(dump, &lat, e);
-        if (!rc) rc = fs_dump_close(dump, e);
-        dump = NULL;
-    }
+    rc = fs_sink_finish(sink, plan.source, &lat, e);
     if (!rc && fs_injected(&o->inject, FS_INJ_NAN_RANK) && !fs_allreduce_max_int(world, fs_inject_nan_fired))
         rc = fs_errf(e, FS_E_INPUT, "--inject nan-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
                                     "step %d in this run (module paths as in a dump's `order`)",
-                     o->inject.nan_rank, o->inject.nan_module, o->inject.nan_step, o->inject.nan_rank,
-                     o->inject.nan_module, o->inject.nan_step);
+                     o->inject.nan.rank, o->inject.nan.module, o->inject.nan.step, o->inject.nan.rank,
+                     o->inject.nan.module, o->inject.nan.step);
+    if (!rc && fs_injected(&o->inject, FS_INJ_FAIL_RANK)) /* it would have ended the job */
+        rc = fs_errf(e, FS_E_INPUT, "--inject fail-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
+                                    "step %d in this run",
+                     o->inject.fail.rank, o->inject.fail.module, o->inject.fail.step, o->inject.fail.rank,
+                     o->inject.fail.module, o->inject.fail.step);
     if ((rc = agree(world, rc, e))) goto out;
     if (!quiet) {
+        fs_tensor hl;
+        if ((rc = fs_tensor_host_view(&lat, &hl, e))) goto out;
         double s = 0, s2 = 0;
-        int64_t n = fs_tensor_numel(&lat), bad = 0;
+        int64_t n = fs_tensor_numel(&hl), bad = 0;
         for (int64_t i = 0; i < n; i++) {
-            double v = fs_tensor_get(&lat, i);
+            double v = fs_tensor_get(&hl, i);
             if (!isfinite(v)) bad++;
             s += v;
             s2 += v * v;
         }
+        fs_tensor_free(&hl);
         printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", t_run,
                t_run / in.n_steps, s / n, sqrt(s2 / n - (s / n) * (s / n)), (long long)bad);
         if (o->dump) printf("  dump: %s\n", o->dump);
@@ -586,17 +596,50 @@ static int run(const opts *o, fs_err *e)
 out:
     if (check && root && (rc == FS_OK || rc == FS_DIVERGED)) fputs(fs_check_report(check), rc ? stderr : stdout);
     if (check && rc == FS_OK && fs_check_diverged(check)) rc = FS_DIVERGED;
+    fs_sink_free(sink); /* aborts (deletes) any dump not finished */
     fs_dump_abort(dump);
     fs_dump_abort(local);
-    cJSON_Delete(sk.sharding);
-    cJSON_Delete(sk.local_sharding);
     fs_check_free(check);
     fs_tensor_free(&lat);
+    fs_weights_free(&wb);
     fs_weights_free(&w);
     fs_inputs_free(&in);
     fs_par_free(&par);
     fs_plan_free(&plan);
+    fs_backend_close(be);
     return rc;
+}
+
+/* SIGTERM / SIGINT / SIGHUP — a user's Ctrl-C or kill, or mpirun ending the job because another
+ * rank failed or died: delete the dump temporaries, say so (rank 0 only, so a job prints one
+ * line), and die of the signal (exit status 128 + N). Async-signal-safe: unlink and write only. */
+static void on_signal(int sig)
+{
+    fs_cleanup_run();
+    if (sig_rank == 0 && !sig_quiet) {
+        static const char m1[] = "flux-sim: stopped by ",
+                          m2[] = " (an interrupt, or mpirun ending the job after another rank failed); no dump was "
+                                 "written\n";
+        const char *name = sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+        ssize_t w = write(2, m1, sizeof m1 - 1);
+        w += write(2, name, strlen(name));
+        w += write(2, m2, sizeof m2 - 1);
+        (void)w;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signal_handlers(int rank)
+{
+    sig_rank = rank;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
 }
 
 int main(int argc, char **argv)
@@ -609,6 +652,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const int root = fs_comm_world()->rank == 0;
+    install_signal_handlers(fs_comm_world()->rank);
     rc = parse_args(argc, argv, &o, &e);
     if (!rc && o.wait_rank == fs_comm_world()->rank) fs_debug_wait_for_debugger(o.wait_rank);
     if (rc < 0) { /* --help / --version / --print-plan */

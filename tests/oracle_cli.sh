@@ -8,11 +8,15 @@
 #   - malformed / non-flux-dump / version 2 / truncated / absent files: exit 2, one stderr line;
 #   - consistency on fabricated per-rank files finds the first replicated dataset that differs
 #     and the rank; diff attributes a divergence to ranks through a sharding map (dim and dims);
-#   - --json parses and has the documented keys; --html is well-formed XML with an SVG plot.
+#   - --json parses and has the documented keys; --html is well-formed XML with an SVG plot,
+#     axis labels and a failures-only view;
+#   - partial dumps, names missing with and without a declaration (recorded_modules,
+#     recorded_steps), --modules/--steps narrowing, different models, malformed configs, all-NaN
+#     dumps and empty datasets: the exit codes and messages of docs/oracle.md.
 # Without ../shared/reference everything here is SKIPPED, loudly.
 set -u
 cd "$(dirname "$0")/.."
-OR=build/flux-oracle
+OR=${OR:-build/flux-oracle}
 SIM=build/flux-sim
 PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
@@ -79,6 +83,33 @@ def nan(f):
 copy(R32, f"{T}/nan.h5", nan)
 def missing(f): del f["step_0003/norm_out.linear"]
 copy(R32, f"{T}/missing.h5", missing)
+def dropped(f):
+    del f["step_0003/norm_out.linear"]
+    f["step_0003"].attrs["order"] = np.array([n for n in f["step_0003"].attrs["order"] if n != "norm_out.linear"], dtype=h5py.string_dtype())
+copy(R32, f"{T}/dropped.h5", dropped)
+def declared(f):
+    dropped(f); f["step_0003"].attrs["recorded_modules"] = "depth<=1"   # norm_out.linear has depth 2
+    # depth<=1 also excuses every other depth-2 name the step lacks; none are lacking here
+copy(R32, f"{T}/declared.h5", declared)
+def nostep(f): del f["step_0002"]
+copy(R32, f"{T}/nostep2.h5", nostep)
+def steps013(f): nostep(f); f.attrs["recorded_steps"] = "0,1,3"
+copy(R32, f"{T}/steps013.h5", steps013)
+copy(R32, f"{T}/badconfig.h5", lambda f: f.attrs.__setitem__("config", "{not json"))
+def allnan(f):
+    for g in ["inputs", "final"] + [k for k in f if k.startswith("step_")]:
+        for n in list(f[g]):
+            x = f[g][n][()]; x = np.full_like(x, np.nan) if x.dtype.kind == "f" else x; replace(f, f"{g}/{n}", x)
+copy(f"{ref}/odd/dump_fp32.h5", f"{T}/allnan.h5", allnan)
+def empty(f):
+    f["step_0000"].create_dataset("zero_trailing", shape=(1, 0), dtype="f4")
+    f["step_0000"].attrs["order"] = np.array(list(f["step_0000"].attrs["order"]) + ["zero_trailing"], dtype=h5py.string_dtype())
+copy(f"{ref}/odd/dump_fp32.h5", f"{T}/empty.h5", empty)
+with h5py.File(f"{T}/onlyempty.h5", "w", track_order=True) as f:   # zero-length trailing axes (probe defect 5)
+    f.attrs.update(format="flux-dump", version=1, dtype="float32", config="{}")
+    g = f.create_group("step_0000"); g.create_dataset("latents_out", shape=(1, 0), dtype="f4")
+    g.attrs["order"] = np.array(["latents_out"], dtype=h5py.string_dtype())
+    f.create_group("final").create_dataset("latents", shape=(1, 0), dtype="f4")
 # not flux-dumps
 open(f"{T}/garbage.h5", "wb").write(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8)
 with h5py.File(f"{T}/plain.h5", "w") as f: f["x"] = np.zeros(3)
@@ -125,7 +156,7 @@ for c in tiny odd; do
   expect 0 "PASS" "flux-sim $c fp64 vs reference fp64 (float64 defaults)" -- diff -q "$T/sim_${c}_fp64.h5" "$ref/$c/dump_fp64.h5"
   expect 0 "PASS" "flux-sim $c fp32 with the reference fp32 as baseline, fp64 as --truth" -- diff -q "$ref/$c/dump_fp32.h5" "$T/sim_${c}_fp32.h5" --truth "$ref/$c/dump_fp64.h5"
 done
-expect 0 "all 276 datasets finite" "stats on the reference" -- stats "$R32"
+expect 0 "all 276 datasets with values finite" "stats on the reference" -- stats "$R32"
 
 # ---- failures at exactly the right name ----
 expect 1 "DIVERGE at step 0 $PNAME: out of tolerance: max rel 0.001 > mtol" "1e-3 perturbation of the largest element (fp32): caught by max rel, not by rel L2" -- diff -q "$T/perturb32.h5" "$R32"
@@ -136,8 +167,32 @@ expect 1 "DIVERGE at step 1 transformer_blocks.0#1: shape mismatch: A [1, 63, 12
 expect 1 "DIVERGE at step 2 single_transformer_blocks.2#1: NaN in A where B is finite" "one NaN" -- diff -q "$T/nan.h5" "$R32"
 expect 1 "at (0, 5, 7) (batch 0, image token 5, channel 7)" "NaN located in words" -- diff -q "$T/nan.h5" "$R32"
 expect 1 "NONFINITE: first at step 2 single_transformer_blocks.2#1 (0, 5, 7) (NaN)" "stats: origin of the NaN" -- stats -q "$T/nan.h5"
-expect 0 "1 dataset only in A: /step_0003/norm_out.linear" "missing dataset reported (B lacks it)" -- diff "$R32" "$T/missing.h5"
-expect 1 "only in B (--strict)" "missing dataset fails with --strict" -- diff -q --strict "$T/missing.h5" "$R32"
+# a dataset deleted while `order` still lists it: the producer did not finish that step
+expect_err "missing.h5: partial dump (last step present: 3): step_0003's \`order\` names norm_out.linear, which the group does not hold" "dataset missing from its step: partial dump, exit 2" -- diff "$R32" "$T/missing.h5"
+expect 0 "1 dataset only in A: /step_0003/norm_out.linear" "--allow-partial compares what is there and lists the gap" -- diff --allow-partial "$R32" "$T/missing.h5"
+expect 0 "missing.h5 is partial (last step present: 3" "--allow-partial: the verdict line says so" -- diff -q --allow-partial "$R32" "$T/missing.h5"
+expect 1 "DIVERGE: names on one side only (--strict)" "--allow-partial --strict: the gap fails" -- diff -q --strict --allow-partial "$T/missing.h5" "$R32"
+# the same dataset gone from `order` too: a complete dump that lacks a name the other side has
+expect_err "dropped.h5 lacks /step_0003/norm_out.linear that" "name missing without a declaration: exit 2 (either direction)" -- diff -q "$R32" "$T/dropped.h5"
+expect_err "dropped.h5 lacks /step_0003/norm_out.linear that" "... and the other way round" -- diff -q "$T/dropped.h5" "$R32"
+expect 2 "ERROR: " "-q states the error and the counts" -- diff -q "$R32" "$T/dropped.h5"
+expect 2 "1 only in A (1 undeclared), 0 only in B" "... with the only-in counts" -- diff -q "$R32" "$T/dropped.h5"
+expect 0 "PASS: " "--modules narrows: only matching names must be on both sides" -- diff -q "$R32" "$T/dropped.h5" --modules 'transformer_blocks.*,proj_out'
+expect 0 "PASS: " "--steps narrows" -- diff -q "$R32" "$T/dropped.h5" --steps 0-2
+expect 0 "1 only in A, 0 only in B" "recorded_modules declares the gap: listed, not an error" -- diff -q "$R32" "$T/declared.h5"
+expect 1 "DIVERGE: names on one side only (--strict)" "--strict: a declared gap fails" -- diff -q --strict "$R32" "$T/declared.h5"
+expect 0 "PASS" "recorded_steps declares a missing step" -- diff -q "$R32" "$T/steps013.h5"
+expect_err "nostep2.h5: partial dump (last step present: 3): step_0002 missing: /inputs/sigmas promises 4 steps, and later steps are present" "a step missing without recorded_steps: partial, exit 2" -- diff -q "$R32" "$T/nostep2.h5"
+expect_err "different models" "dumps of two different models: exit 2, not 1" -- diff -q "$R32" "$ref/odd/dump_fp32.h5"
+expect_err "badconfig.h5: attribute config is not valid JSON" "malformed config: exit 2 in diff" -- diff -q "$T/badconfig.h5" "$R32"
+expect_err "badconfig.h5: attribute config is not valid JSON" "malformed config: exit 2 in stats" -- stats -q "$T/badconfig.h5"
+expect 1 "non-finite on both sides" "two all-NaN dumps: NaN facing NaN diverges" -- diff -q "$T/allnan.h5" "$T/allnan.h5"
+expect 1 "NONFINITE: first at /inputs/hidden_states" "stats names an /inputs dataset by its path, not 'step in'" -- stats -q "$T/allnan.h5"
+expect 0 "1 empty (0 elements)" "stats: an empty dataset is 'empty', not 'finite'" -- stats -q "$T/empty.h5"
+expect 0 "1 empty (not compared)" "diff: an empty dataset is not counted as compared" -- diff -q "$T/empty.h5" "$T/empty.h5"
+expect 0 "empty on both sides (shape [1, 0]): nothing to compare" "diff says why an empty dataset was not compared" -- diff "$T/empty.h5" "$T/empty.h5"
+expect_err "nothing compared" "a dump of empty datasets only: nothing compared is an error (diff)" -- diff -q "$T/onlyempty.h5" "$T/onlyempty.h5"
+expect_err "nothing to check: every dataset is empty" "... and in stats" -- stats -q "$T/onlyempty.h5"
 expect 0 "PASS" "--rtol/--mtol overrides" -- diff -q "$T/perturb32.h5" "$R32" --mtol 2e-3
 
 # ---- errors: exit 2, one line ----
@@ -205,6 +260,13 @@ assert "rtol" in texts and "mtol" in texts and "first divergence" in texts and s
 assert any(c.get("r") == "6" for c in svg.iter(f"{ns}circle"))   # the marker
 rows = root.findall(".//tr")
 assert len(rows) == 277 and sum(1 for r in rows if r.get("class") == "first") == 1
+# failures-only view: the list of failing datasets and the table's toggle (passing rows "ok")
+assert root.find(".//input[@id='onlyfail']") is not None and "show only failing" in src
+assert sum(1 for r in rows if r.get("class") == "ok") == 275
+lis = root.findall(".//ul/li")
+assert len(lis) == 1 and sys.argv[2] in "".join(lis[0].itertext())
+# axis labels on the plot
+assert "datasets in execution order" in texts and "relative error (log scale)" in texts
 PY
 
 finish

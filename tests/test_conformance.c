@@ -51,7 +51,23 @@ static double *as_double(checker *k, const fs_tensor *t)
 }
 
 /* Relative L2 of `ours` against dataset `path` of f; -1 if f lacks it; sets *shape_bad. */
-static double rel_l2(checker *k, fo_file *f, const char *path, const fs_tensor *t, int *shape_bad)
+static double rel_l2_host(checker *k, fo_file *f, const char *path, const fs_tensor *t, int *shape_bad);
+/* the recorded tensor is in the backend's memory: download it (a view on the CPU backend) */
+static double rel_l2(checker *k, fo_file *f, const char *path, const fs_tensor *dev, int *shape_bad)
+{
+    fs_tensor t;
+    fs_err e = {0};
+    if (fs_tensor_host_view(dev, &t, &e)) {
+        fprintf(stderr, "downloading %s: %s\n", path, e.msg);
+        *shape_bad = 1;
+        return INFINITY;
+    }
+    double r = rel_l2_host(k, f, path, &t, shape_bad);
+    fs_tensor_free(&t);
+    return r;
+}
+
+static double rel_l2_host(checker *k, fo_file *f, const char *path, const fs_tensor *t, int *shape_bad)
 {
     fs_err e = {0};
     if (!fo_is_dataset(f, path)) return -1;
@@ -129,7 +145,12 @@ static void replay_and_compare(const char *label, const char *p64, const char *p
     if ((rc = fo_file_open(&k.ref64, p64, &e))) fail_msg("%s", e.msg);
     if (p32 && (rc = fo_file_open(&k.ref32, p32, &e))) fail_msg("%s", e.msg);
 
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &w, .be = fs_backend_cpu(), .rec = {check_record, &k}};
+    /* the backend FLUX_SIM_BACKEND names (default cpu): the same conformance on every backend */
+    fs_backend *be;
+    fs_weights wb;
+    if ((rc = fs_backend_open(getenv("FLUX_SIM_BACKEND"), &be, &e)) || (rc = fs_weights_on(&w, be, &wb, &e)))
+        fail_msg("%s", e.msg);
+    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = {check_record, &k}};
     fs_step_hooks hooks = {.begin_step = begin_step, .ctx = &k};
     fs_tensor lat = {0};
     if ((rc = fs_sample(&m, &in, &hooks, &lat, &e))) fail_msg("%s", e.msg);
@@ -157,9 +178,9 @@ static void replay_and_compare(const char *label, const char *p64, const char *p
     for (int i = 0; order_ok && i < order.n; i++) order_ok = !strcmp(order.v[i], k.seen[i]);
 
     printf("  [%s %s] %d datasets compared over %d steps; worst vs %s: %.3g (%s); "
-           "final latents %.3g\n",
+           "final latents %.3g%s%s\n",
            cfgname, fs_dtype_name(dt), k.n_compared, in.n_steps, k.ref32 ? "diffusers fp64" : p64, k.worst, k.worst_name,
-           rf);
+           rf, be == fs_backend_cpu() ? "" : "; backend ", be == fs_backend_cpu() ? "" : be->name);
     if (k.ref32)
         printf("  [%s %s] vs diffusers' own fp32 run: worst %.3g (%s); final latents %.3g\n", cfgname,
                fs_dtype_name(dt), k.worst32, k.worst32_name, rf32);
@@ -179,8 +200,10 @@ static void replay_and_compare(const char *label, const char *p64, const char *p
     fo_file_close(k.ref64);
     fo_file_close(k.ref32);
     fs_tensor_free(&lat);
+    fs_weights_free(&wb);
     fs_weights_free(&w);
     fs_inputs_free(&in);
+    fs_backend_close(be);
 }
 
 static void conformance(const char *cfgname, fs_dtype dt, double tol)

@@ -3,6 +3,8 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
 
 #include "fo_dump.h"
 #include "fs_model.h"
@@ -35,7 +37,7 @@ static void test_gelu_tanh(void **s)
         fs_tensor_alloc(&a, d ? FS_F64 : FS_F32, 1, (int64_t[]){5}, NULL);
         fs_tensor_alloc(&y, a.dtype, 1, (int64_t[]){5}, NULL);
         for (int i = 0; i < 5; i++) fs_tensor_set(&a, i, x[i]);
-        be->gelu_tanh(&y, &a);
+        assert_int_equal(be->gelu_tanh(be, &y, &a, NULL), 0);
         for (int i = 0; i < 5; i++) close_to(fs_tensor_get(&y, i), want[i], d ? 1e-15 : 1e-6, "gelu_tanh");
         fs_tensor_free(&a);
         fs_tensor_free(&y);
@@ -50,7 +52,7 @@ static void test_silu(void **s)
     fs_tensor_set(&a, 0, 1.0);
     fs_tensor_set(&a, 1, -2.0);
     fs_tensor_set(&a, 2, 0.0);
-    be->silu(&y, &a);
+    assert_int_equal(be->silu(be, &y, &a, NULL), 0);
     close_to(fs_tensor_get(&y, 0), 1.0 / (1.0 + exp(-1.0)), 1e-15, "silu(1)");
     close_to(fs_tensor_get(&y, 1), -2.0 / (1.0 + exp(2.0)), 1e-15, "silu(-2)");
     close_to(fs_tensor_get(&y, 2), 0.0, 0, "silu(0)");
@@ -68,7 +70,7 @@ static void test_layernorm_no_affine(void **s)
         fs_tensor_set(&a, i, i + 1);
         fs_tensor_set(&a, 4 + i, 2.0);
     }
-    be->layernorm(&y, &a, 4, 1e-6);
+    assert_int_equal(be->layernorm(be, &y, &a, 1e-6, NULL), 0);
     for (int i = 0; i < 4; i++) {
         close_to(fs_tensor_get(&y, i), (i + 1 - 2.5) / sqrt(1.25 + 1e-6), 1e-14, "layernorm row 0");
         close_to(fs_tensor_get(&y, 4 + i), 0.0, 0, "layernorm constant row");
@@ -90,7 +92,7 @@ static void test_rmsnorm_per_head(void **s)
         fs_tensor_set(&a, 4 + i, h1[i]);
         fs_tensor_set(&w, i, wv[i]);
     }
-    be->rmsnorm(&y, &a, &w, 1e-6);
+    assert_int_equal(be->rmsnorm(be, &y, &a, &w, 1e-6, NULL), 0);
     for (int i = 0; i < 4; i++) {
         close_to(fs_tensor_get(&y, i), h0[i] / sqrt(30.0 / 4 + 1e-6) * wv[i], 1e-14, "rmsnorm head 0");
         close_to(fs_tensor_get(&y, 4 + i), h1[i] / sqrt(2.0 / 4 + 1e-6) * wv[i], 1e-14, "rmsnorm head 1");
@@ -116,10 +118,10 @@ static void test_modulate_and_gate(void **s)
         fs_tensor_set(&sh, i, shv[i]);
         fs_tensor_set(&g, i, gv[i]);
     }
-    be->modulate(&y, &x, &sc, &sh);
+    assert_int_equal(be->modulate(be, &y, &x, &sc, &sh, NULL), 0);
     const double want[4] = {1 * 1.5 + 10, 2 * 0 + 20, 3 * 1 + 30, 4 * 3 + 40};
     for (int i = 0; i < 4; i++) close_to(fs_tensor_get(&y, i), want[i], 0, "modulate");
-    be->gated_add(&x, &g, &y);
+    assert_int_equal(be->gated_add(be, &x, &g, &y, NULL), 0);
     for (int i = 0; i < 4; i++) close_to(fs_tensor_get(&x, i), xv[i] + gv[i] * want[i], 0, "gated_add");
     fs_tensor_free(&x);
     fs_tensor_free(&y);
@@ -201,7 +203,7 @@ static void test_rope_adjacent_pairs(void **s)
         fs_tensor_set(&cs, i, cos(th[i / 2]));
         fs_tensor_set(&sn, i, sin(th[i / 2]));
     }
-    be->rope(&x, &cs, &sn);
+    assert_int_equal(be->rope(be, &x, &cs, &sn, NULL), 0);
     for (int j = 0; j < 2; j++) {
         double re = xv[2 * j], im = xv[2 * j + 1];
         close_to(fs_tensor_get(&x, 2 * j), re * cos(th[j]) - im * sin(th[j]), 1e-15, "rope even");
@@ -240,23 +242,37 @@ static void naive_attention(const fs_tensor *q, const fs_tensor *k, const fs_ten
     free(p);
 }
 
+/* Attention against the naive loop, with its LSE read in the layout the backend declares
+ * (both layouts: the kernel indexes (b, h, s) explicitly), and lse_convert back to [B,H,S]. */
 static void attention_case(fs_dtype dt, int64_t B, int64_t Sq, int64_t Skv, int64_t H, int64_t Dh, double tol)
 {
     int64_t sq[4] = {B, Sq, H, Dh}, skv[4] = {B, Skv, H, Dh}, sl[3] = {B, H, Sq};
-    fs_tensor q, k, v, o, lse;
+    fs_tensor q, k, v, o, lse, bhs;
     fs_tensor_alloc(&q, dt, 4, sq, NULL);
     fs_tensor_alloc(&k, dt, 4, skv, NULL);
     fs_tensor_alloc(&v, dt, 4, skv, NULL);
     fs_tensor_alloc(&o, dt, 4, sq, NULL);
     fs_tensor_alloc(&lse, dt, 3, sl, NULL);
+    fs_tensor_alloc(&bhs, dt, 3, sl, NULL);
     fill(&q, 1);
     fill(&k, 2);
     fill(&v, 3);
-    assert_int_equal(be->attention(&o, &lse, FS_LSE_BHS, &q, &k, &v, 1.0 / sqrt((double)Dh), NULL), 0);
     double *ro = malloc(sizeof(double) * (size_t)fs_tensor_numel(&o)), *rl = malloc(sizeof(double) * (size_t)(B * H * Sq));
     naive_attention(&q, &k, &v, ro, rl);
-    for (int64_t i = 0; i < fs_tensor_numel(&o); i++) close_to(fs_tensor_get(&o, i), ro[i], tol, "attention out");
-    for (int64_t i = 0; i < B * H * Sq; i++) close_to(fs_tensor_get(&lse, i), rl[i], tol, "attention lse [B,H,S]");
+    const fs_lse_layout saved = be->lse_layout;
+    for (int lay = 0; lay < 2; lay++) {
+        be->lse_layout = lay ? FS_LSE_BSH : FS_LSE_BHS;
+        assert_int_equal(be->attention(be, &o, &lse, &q, &k, &v, 1.0 / sqrt((double)Dh), NULL), 0);
+        for (int64_t i = 0; i < fs_tensor_numel(&o); i++) close_to(fs_tensor_get(&o, i), ro[i], tol, "attention out");
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Sq; i++)
+                    close_to(fs_tensor_get(&lse, lay ? (b * Sq + i) * H + h : (b * H + h) * Sq + i), rl[(b * H + h) * Sq + i],
+                             tol, lay ? "attention lse [B,S,H]" : "attention lse [B,H,S]");
+        assert_int_equal(be->lse_convert(be, &bhs, FS_LSE_BHS, &lse, be->lse_layout, B, H, Sq, NULL), 0);
+        for (int64_t i = 0; i < B * H * Sq; i++) close_to(fs_tensor_get(&bhs, i), rl[i], tol, "lse_convert to [B,H,S]");
+    }
+    be->lse_layout = saved;
     free(ro);
     free(rl);
     fs_tensor_free(&q);
@@ -264,6 +280,7 @@ static void attention_case(fs_dtype dt, int64_t B, int64_t Sq, int64_t Skv, int6
     fs_tensor_free(&v);
     fs_tensor_free(&o);
     fs_tensor_free(&lse);
+    fs_tensor_free(&bhs);
 }
 
 static void test_attention_vs_naive(void **s)
@@ -289,7 +306,7 @@ static int grab_record(void *ctx, const char *name, const fs_tensor *t, const fs
     for (int i = 0; i < g->n; i++)
         if (!strcmp(name, g->names[i]) && !g->got[i].data) {
             fs_tensor_alloc(&g->got[i], t->dtype, t->ndim, t->shape, NULL);
-            fs_tensor_copy(&g->got[i], t, NULL);
+            if (fs_tensor_download(&g->got[i], t, e)) return e->code;
         }
     return FS_OK;
 }
@@ -454,9 +471,9 @@ static void test_synthetic_shards_equal_slices(void **s)
         for (int t = 0; t < T; t++) {
             fs_weights a, b;
             fs_err e = {0};
-            assert_int_equal(fs_weights_synthetic_shard(&a, &c, FS_F64, 5, &plan, T, t, &e), 0);
+            assert_int_equal(fs_weights_synthetic_shard(&a, &c, FS_F64, 5, &plan, T, t, NULL, &e), 0);
             assert_int_equal(fs_weights_synthetic(&b, &c, FS_F64, 5, &e), 0);
-            assert_int_equal(fs_weights_shard(&b, &plan, T, t, &e), 0);
+            assert_int_equal(fs_weights_shard(&b, &plan, T, t, NULL, &e), 0);
             int nsharded = 0;
             for (int i = 0; i < a.n; i++) {
                 assert_int_equal(a.t[i].ndim, b.t[i].ndim);
@@ -503,6 +520,182 @@ static void test_config_errors(void **s)
     free(pd);
 }
 
+/* ---- the TP split owner (fs_tp_split_of): ranges tile each weight exactly once ---- */
+
+static void tiling_case(const fs_plan *plan, const fs_config *c, const char *module, int64_t N, int64_t K, int T)
+{
+    unsigned char *cov = calloc((size_t)(N * K), 1);
+    for (int t = 0; t < T; t++) {
+        fs_tp_split sp;
+        fs_err e = {0};
+        assert_int_equal(fs_tp_split_of(plan, c, module, N, K, T, t, NULL, &sp, &e), 0);
+        assert_true(sp.r0 >= 0 && sp.r1 <= N && sp.r0 <= sp.r1);
+        for (int64_t r = sp.r0; r < sp.r1; r++)
+            for (int i = 0; i < sp.nc; i++) {
+                assert_true(sp.c[i][0] >= 0 && sp.c[i][1] <= K && sp.c[i][0] <= sp.c[i][1]);
+                for (int64_t k = sp.c[i][0]; k < sp.c[i][1]; k++) cov[r * K + k]++;
+            }
+        /* what linear() needs: colwise shards the bias and never reduces, row-parallel reduces */
+        assert_int_equal(sp.bias_sharded, sp.style == FS_TP_COLWISE && T > 1);
+        assert_int_equal(sp.reduce, (sp.style == FS_TP_ROWWISE || sp.style == FS_TP_PACKED_ROWWISE) && T > 1);
+    }
+    /* split styles tile the weight exactly once; a replicated Linear is whole on every rank */
+    fs_tp_split sp;
+    fs_tp_split_of(plan, c, module, N, K, T, 0, NULL, &sp, NULL);
+    const int want = sp.style == FS_TP_REPLICATE || T == 1 ? T : 1;
+    for (int64_t i = 0; i < N * K; i++)
+        if (cov[i] != want) fail_msg("%s over %d ranks: element (%lld, %lld) held %d times, want %d", module, T,
+                                     (long long)(i / K), (long long)(i % K), cov[i], want);
+    free(cov);
+}
+
+static void test_tp_split_tiles(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "flux-dev", NULL);
+    fs_plan plan;
+    assert_int_equal(fs_plan_parse(&plan, "m.col colwise\nm.row rowwise\nm.pack packed_rowwise 12,36\nm.rep replicate\n",
+                                   "test plan", NULL), 0);
+    for (int T = 1; T <= 4; T++) {
+        tiling_case(&plan, &c, "m.col", 24, 10, T);
+        tiling_case(&plan, &c, "m.row", 10, 24, T);
+        tiling_case(&plan, &c, "m.pack", 5, 48, T);
+        tiling_case(&plan, &c, "m.rep", 6, 7, T);
+        tiling_case(&plan, &c, "not.in.plan", 6, 7, T);
+    }
+    /* uneven widths are refused, naming the module */
+    fs_tp_split sp;
+    fs_err e = {0};
+    assert_int_equal(fs_tp_split_of(&plan, &c, "m.col", 10, 4, 3, 0, NULL, &sp, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "m.col"));
+    assert_int_equal(fs_tp_split_of(&plan, &c, "m.row", 4, 10, 4, 1, NULL, &sp, &e), FS_E_INPUT);
+    assert_int_equal(fs_tp_split_of(&plan, &c, "m.pack", 4, 48, 5, 0, NULL, &sp, &e), FS_E_INPUT); /* 12 % 5 */
+    assert_int_equal(fs_tp_split_of(&plan, &c, "m.pack", 4, 50, 2, 0, NULL, &sp, &e), FS_E_INPUT); /* 12 + 36 != 50 */
+    fs_plan_free(&plan);
+    /* the built-in plan on FLUX.1-dev, TP 4, rank 2: the seed's proj_out columns */
+    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
+    assert_int_equal(fs_tp_split_of(&plan, &c, "single_transformer_blocks.7.proj_out", 3072, 15360, 4, 2, NULL, &sp, &e), 0);
+    assert_int_equal(sp.style, FS_TP_PACKED_ROWWISE);
+    assert_int_equal(sp.nc, 2);
+    assert_true(sp.c[0][0] == 1536 && sp.c[0][1] == 2304 && sp.c[1][0] == 3072 + 6144 && sp.c[1][1] == 3072 + 9216);
+    assert_int_equal(fs_tp_split_of(&plan, &c, "transformer_blocks.0.attn.to_q", 3072, 3072, 4, 3, NULL, &sp, &e), 0);
+    assert_true(sp.style == FS_TP_COLWISE && sp.r0 == 2304 && sp.r1 == 3072); /* heads 18..23 */
+    assert_int_equal(fs_tp_split_of(&plan, &c, "transformer_blocks.0.norm1.linear", 18432, 3072, 4, 3, NULL, &sp, &e), 0);
+    assert_true(sp.style == FS_TP_REPLICATE && sp.r1 == 18432 && sp.c[0][1] == 3072);
+    /* --inject proj-out-contiguous re-creates the seed's slice: columns [3840t, 3840(t+1)) */
+    fs_inject inj = {0};
+    assert_int_equal(fs_inject_add(&inj, "proj-out-contiguous", NULL), 0);
+    assert_int_equal(fs_tp_split_of(&plan, &c, "single_transformer_blocks.7.proj_out", 3072, 15360, 4, 2, &inj, &sp, &e), 0);
+    assert_true(sp.nc == 1 && sp.c[0][0] == 7680 && sp.c[0][1] == 11520);
+    fs_plan_free(&plan);
+}
+
+/* ---- cpu-strict: backend memory the host cannot touch ---- */
+
+/* A host dereference of strict memory must fault: run it in a child and look at how it died. */
+static void test_strict_host_access_faults(void **s)
+{
+    fs_backend *sb = fs_backend_cpu_strict();
+    fs_tensor t;
+    assert_int_equal(fs_tensor_alloc_on(&t, sb, FS_F32, 1, (int64_t[]){16}, NULL), 0);
+    assert_true(fs_backend_strict_is_tagged(t.data));
+    assert_false(fs_tensor_is_host(&t));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* cmocka catches SIGSEGV to report a failure: die of it instead */
+        signal(SIGBUS, SIG_DFL);
+        volatile float x = fs_tensor_get(&t, 3); /* a stray read, as a host loop would do */
+        (void)x;
+        _exit(0); /* not reached if the backend is strict */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st));
+    assert_true(WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS);
+    pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        memset(t.data, 0, 4); /* a stray write through libc */
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st));
+    /* host memory handed to a strict op (a missing upload) is refused, naming the op */
+    fs_tensor h;
+    fs_err e = {0};
+    fs_tensor_alloc(&h, FS_F32, 1, (int64_t[]){16}, NULL);
+    assert_int_equal(sb->silu(sb, &t, &h, &e), FS_E_INTERNAL);
+    assert_non_null(strstr(e.msg, "silu"));
+    assert_non_null(strstr(e.msg, "host memory"));
+    /* through upload/download the values round-trip */
+    for (int i = 0; i < 16; i++) fs_tensor_set(&h, i, i * 0.5);
+    assert_int_equal(fs_tensor_upload(&t, &h, NULL), 0);
+    assert_int_equal(sb->silu(sb, &t, &t, NULL), 0);
+    fs_tensor back;
+    assert_int_equal(fs_tensor_host_view(&t, &back, NULL), 0);
+    assert_true(back.owns); /* a real download, not a view */
+    for (int i = 0; i < 16; i++) close_to(fs_tensor_get(&back, i), (i * 0.5f) / (1 + expf(-i * 0.5f)), 1e-6, "strict silu");
+    fs_tensor_free(&back);
+    fs_tensor_free(&h);
+    fs_tensor_free(&t);
+}
+
+/* The forward on cpu-strict equals the forward on the CPU backend bit for bit (same kernels;
+ * only where memory lives differs), every recorded tensor included. */
+typedef struct keep {
+    int n;
+    fs_tensor t[400];
+} keep;
+static int keep_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    keep *k = ctx;
+    if (k->n == 400) return fs_errf(e, FS_E_INTERNAL, "too many records");
+    fs_tensor *d = &k->t[k->n++];
+    if (fs_tensor_alloc(d, t->dtype, t->ndim, t->shape, e)) return e->code;
+    return fs_tensor_download(d, t, e);
+}
+
+static void test_forward_strict_equals_cpu(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "tiny", NULL);
+    fs_weights w, wb[2];
+    fs_inputs in;
+    fs_err e = {0};
+    assert_int_equal(fs_weights_synthetic(&w, &c, FS_F32, 3, &e), 0);
+    fs_gen_params gp = {.seed = 2, .batch = 2, .grid_h = 3, .grid_w = 5, .txt_len = 7, .steps = 2, .guidance = 3.5};
+    fs_sched_preset(&gp.sched, "dev", NULL);
+    assert_int_equal(fs_inputs_generate(&in, &c, FS_F32, &gp, &e), 0);
+    keep *k = calloc(2, sizeof *k);
+    fs_backend *bes[2] = {fs_backend_cpu(), fs_backend_cpu_strict()};
+    fs_tensor lat[2];
+    for (int b = 0; b < 2; b++) {
+        assert_int_equal(fs_weights_on(&w, bes[b], &wb[b], &e), 0);
+        fs_model m = {.cfg = c, .dtype = FS_F32, .w = &wb[b], .be = bes[b], .rec = {keep_record, &k[b]}};
+        if (fs_sample(&m, &in, NULL, &lat[b], &e)) fail_msg("%s: %s", bes[b]->name, e.msg);
+    }
+    assert_int_equal(k[0].n, k[1].n);
+    assert_true(k[0].n > 200);
+    for (int i = 0; i < k[0].n; i++) {
+        assert_int_equal(fs_tensor_nbytes(&k[0].t[i]), fs_tensor_nbytes(&k[1].t[i]));
+        assert_memory_equal(k[0].t[i].data, k[1].t[i].data, fs_tensor_nbytes(&k[0].t[i]));
+    }
+    fs_tensor l1;
+    assert_int_equal(fs_tensor_host_view(&lat[1], &l1, NULL), 0);
+    assert_memory_equal(lat[0].data, l1.data, fs_tensor_nbytes(&l1));
+    fs_tensor_free(&l1);
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < k[b].n; i++) fs_tensor_free(&k[b].t[i]);
+        fs_tensor_free(&lat[b]);
+        fs_weights_free(&wb[b]);
+    }
+    free(k);
+    fs_inputs_free(&in);
+    fs_weights_free(&w);
+}
+
 int main(void)
 {
     be = fs_backend_cpu();
@@ -524,6 +717,9 @@ int main(void)
         cmocka_unit_test(test_synthetic_weights_addressable),
         cmocka_unit_test(test_synthetic_shards_equal_slices),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_tp_split_tiles),
+        cmocka_unit_test(test_strict_host_access_faults),
+        cmocka_unit_test(test_forward_strict_equals_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,10 @@
 #include <math.h>
 #include <omp.h>
 
+#include "fo_config.h"
 #include "fo_diff.h"
+#include "fo_walk.h"
+#include "fs_h5err.h"
 
 static void test_tolerance_rules(void **state)
 {
@@ -20,7 +23,7 @@ static void test_tolerance_rules(void **state)
     assert_true(fo_tolerance_default("bfloat16").rtol > fo_tolerance_default("float16").rtol);
     fo_tolerance lo = fo_tolerance_looser(f32, f64);
     assert_true(lo.rtol == f32.rtol && lo.atol == f32.atol && lo.mtol == f32.mtol);
-    assert_true(fo_tolerance_looser(f32, (fo_tolerance){1e-9, 0, 0}).mtol == 0); /* disabled wins */
+    assert_true(fo_tolerance_looser(f32, (fo_tolerance){.rtol = 1e-9}).mtol == 0); /* disabled wins */
 
     fo_stats s = {0};
     s.rel_l2 = 1e-5, s.max_abs = 1e-3, s.max_abs_b = 10; /* max rel 1e-4 */
@@ -35,17 +38,28 @@ static void test_tolerance_rules(void **state)
     s.rel_l2 = INFINITY; /* ||b|| = 0: only atol can pass it */
     assert_false(fo_tolerance_pass(&s, f32));
     s.rel_l2 = 0, s.max_abs = 0, s.n_nonfinite_mismatch = 1; /* NaN vs finite: always fails */
-    assert_false(fo_tolerance_pass(&s, (fo_tolerance){1, 1, 1}));
+    assert_false(fo_tolerance_pass(&s, (fo_tolerance){.rtol = 1, .atol = 1, .mtol = 1}));
 
     /* arbiter: B may be 2x as far from the truth as A, plus tol/10 */
-    fo_stats a = {0}, b = {0};
-    a.rel_l2 = 1e-5, a.max_abs = 1e-4, a.max_abs_b = 1;
-    b.rel_l2 = 2.5e-5, b.max_abs = 2e-4, b.max_abs_b = 1;
-    assert_true(fo_tolerance_pass_truth(&a, &b, 2, f32));  /* 2.5e-5 <= 2e-5 + 2e-5 */
-    b.max_abs = 3e-4;                                       /* 3e-4 > 2e-4 + 5e-5 */
-    assert_false(fo_tolerance_pass_truth(&a, &b, 2, f32));
-    b.max_abs = 2e-4, b.rel_l2 = 5e-5;
-    assert_false(fo_tolerance_pass_truth(&a, &b, 2, f32));
+    /* the candidate (cand) may be m times as far from the truth as the baseline (base), + tol/10 */
+    fo_stats base = {0}, cand = {0};
+    base.rel_l2 = 1e-5, base.max_abs = 1e-4, base.max_abs_b = 1;
+    cand.rel_l2 = 2.5e-5, cand.max_abs = 2e-4, cand.max_abs_b = 1;
+    f32.m_rel = f32.m_max = 2;
+    assert_true(fo_tolerance_arbiter(&cand, &base, f32));  /* 2.5e-5 <= 2e-5 + 2e-5 */
+    cand.max_abs = 3e-4;                                    /* 3e-4 > 2e-4 + 5e-5 */
+    assert_false(fo_tolerance_arbiter(&cand, &base, f32));
+    cand.max_abs = 2e-4, cand.rel_l2 = 5e-5;
+    assert_false(fo_tolerance_arbiter(&cand, &base, f32));
+    assert_false(fo_tolerance_arbiter(&base, &cand, f32) == 0); /* the roles are not symmetric */
+    /* bfloat16: the measured multipliers, 2 on rel L2 and 3 on max rel */
+    fo_tolerance bf = fo_tolerance_default("bfloat16");
+    assert_true(bf.m_rel == 2 && bf.m_max == 3);
+    base.rel_l2 = 8e-3, base.max_abs = 8e-3, base.max_abs_b = 1;
+    cand.rel_l2 = 1.6e-2, cand.max_abs = 2.9e-2, cand.max_abs_b = 1; /* 2.9e-2 <= 3 x 8e-3 + 6e-3 */
+    assert_true(fo_tolerance_arbiter(&cand, &base, bf));
+    cand.max_abs = 3.1e-2;
+    assert_false(fo_tolerance_arbiter(&cand, &base, bf));
 }
 
 static double rnd(uint64_t *x)
@@ -332,7 +346,7 @@ static void test_diff_order_parallel(void **state)
     for (int th = 1; th <= 2; th++) {
         omp_set_num_threads(th);
         fo_report r;
-        fo_diff_opts o = {.block_elems = 4096};
+        fo_diff_opts o = {.block_elems = 4096, .allow_partial = 1}; /* no /inputs, /final: partial by design */
         if (fo_diff_run(a, b, NULL, &o, &r, &e)) fail_msg("%s", e.msg);
         assert_int_equal(r.n, 5);
         for (int i = 0; i < 5; i++) assert_string_equal(r.v[i].name, names[i]);
@@ -494,13 +508,290 @@ static void test_diff_reference(void **state)
     fo_report_free(&r);
 
     fo_stat_report sr;
-    if (fo_stats_run(a, 64, &sr, &e)) fail_msg("%s", e.msg);
+    if (fo_stats_run(a, &(fo_diff_opts){.block_elems = 64}, &sr, &e)) fail_msg("%s", e.msg);
     assert_int_equal(sr.first_nonfinite, -1);
     assert_true(sr.n > 100);
     for (int i = 0; i < sr.n; i++) assert_true(sr.v[i].s.min <= sr.v[i].s.mean && sr.v[i].s.mean <= sr.v[i].s.max);
     fo_stat_report_free(&sr);
     fo_file_close(a);
     fo_file_close(b);
+}
+
+/* HDF5's descriptions become one clean line (probe defect 14). */
+static void test_h5_clean(void **state)
+{
+    (void)state;
+    char buf[256];
+    const char *probe = "file read failed: time = Mon Nov 23 20:43:46 2026\n, filename = '/tmp/o/dir', file descriptor "
+                        "= 3, errno = 21, error message = 'Is a directory', buf = 0x7fff082fdc40, total read size = 8, "
+                        "bytes this sub-read = 8, bytes actually read = 18446744073709551615, offset = 0";
+    assert_string_equal(fs_h5_clean(probe, buf, sizeof buf), "file read failed: Is a directory");
+    assert_string_equal(fs_h5_clean("unable to read: addr = 0x1234, size = 8", buf, sizeof buf), "unable to read: size = 8");
+    assert_string_equal(fs_h5_clean("a time = x buf = 0x7ffd", buf, sizeof buf), "a time = x");
+    assert_string_equal(fs_h5_clean("two\nlines\t here  ", buf, sizeof buf), "two lines here");
+    /* cut at a word boundary, marked */
+    assert_string_equal(fs_h5_clean("alpha beta gamma delta", buf, 15), "alpha beta...");
+    assert_true(strlen(fs_h5_clean("abcdefghijklmnopqrstuvwxyz", buf, 10)) < 10);
+    assert_string_equal(fs_h5_clean("", buf, sizeof buf), "");
+}
+
+static void test_steps_parse(void **state)
+{
+    (void)state;
+    fo_steps s = {0};
+    char why[200], txt[64];
+    assert_int_equal(fo_steps_parse("all", &s, why, sizeof why), 0);
+    assert_true(s.all && fo_steps_has(&s, 12345));
+    fo_steps_free(&s);
+    assert_int_equal(fo_steps_parse(" 5 , 0-2,2 ", &s, why, sizeof why), 0);
+    assert_int_equal(s.n, 4);
+    assert_true(fo_steps_has(&s, 0) && fo_steps_has(&s, 2) && fo_steps_has(&s, 5) && !fo_steps_has(&s, 3));
+    assert_string_equal(fo_steps_str(&s, txt, sizeof txt), "0-2,5");
+    fo_steps_free(&s);
+    const char *bad[] = {"", "-1", "3-1", "a", "1,,2", "9999999999", "1-", "0-999999999", "all,1"};
+    for (size_t i = 0; i < FS_ARRAY_LEN(bad); i++) {
+        assert_int_equal(fo_steps_parse(bad[i], &s, why, sizeof why), -1);
+        assert_true(s.n == 0 && why[0]);
+    }
+}
+
+static void test_config_compare(void **state)
+{
+    (void)state;
+    fs_err e = {0};
+    int same = 0;
+    char why[300];
+    const char *a = "{\"in_channels\": 16, \"out_channels\": null, \"guidance_embeds\": true, \"num_layers\": 2, "
+                    "\"axes_dims_rope\": [8, 12, 12], \"_class_name\": \"X\"}";
+    const char *b = "{\"in_channels\": 16, \"out_channels\": 16, \"guidance_embeds\": 1, \"num_layers\": 2, "
+                    "\"axes_dims_rope\": [8, 12, 12]}";
+    assert_int_equal(fo_config_compare(a, "a.h5", b, "b.h5", &same, why, sizeof why, &e), FS_OK);
+    assert_true(same); /* out_channels null = in_channels; true = 1; other keys ignored */
+    const char *c = "{\"in_channels\": 16, \"guidance_embeds\": true, \"num_layers\": 1, \"axes_dims_rope\": [4, 6, 6]}";
+    assert_int_equal(fo_config_compare(a, "a.h5", c, "c.h5", &same, why, sizeof why, &e), FS_OK);
+    assert_false(same);
+    assert_string_equal(why, "num_layers 2 vs 1, axes_dims_rope [8, 12, 12] vs [4, 6, 6]");
+    assert_int_equal(fo_config_compare(a, "a.h5", "{\"num_layers\"", "bad.h5", &same, why, sizeof why, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "bad.h5: attribute config is not valid JSON"));
+    assert_int_equal(fo_config_check("[1]", "arr.h5", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "not an object"));
+}
+
+static void test_modules_promise(void **state)
+{
+    (void)state;
+    assert_int_equal(fo_modules_promise(NULL, "a.b.c"), 1);
+    assert_int_equal(fo_modules_promise("all", "a.b.c"), 1);
+    assert_int_equal(fo_modules_promise("depth<=2", "transformer_blocks.0#1"), 1);
+    assert_int_equal(fo_modules_promise("depth<=2", "time_text_embed.time_proj@1"), 1);
+    assert_int_equal(fo_modules_promise("depth<=2", "latents_out"), 1);
+    assert_int_equal(fo_modules_promise("depth<=2", "time_text_embed.timestep_embedder.linear_1"), 0);
+    assert_int_equal(fo_modules_promise("depth<=2", "transformer_blocks.0.attn.to_q"), 0);
+    assert_int_equal(fo_modules_promise("blocks only", "x"), -1);
+    assert_int_equal(fo_modules_promise("depth<=2x", "x"), -1);
+}
+
+/* The verdict rule, in its order. */
+static void test_verdict_rule(void **state)
+{
+    (void)state;
+    fo_report r;
+    fo_report_init(&r, FO_MODE_DIFF);
+    char why[512];
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_ERROR); /* nothing compared */
+    assert_non_null(strstr(why, "nothing compared"));
+    fo_entry *en = fo_report_add(&r, 0, "/step_0000", "x");
+    en->kind = FO_EMPTY;
+    fo_report_tally(&r);
+    assert_int_equal(r.n_compared, 0);
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_ERROR); /* empty only */
+    en = fo_report_add(&r, 0, "/step_0000", "y");
+    fo_report_tally(&r);
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_PASS);
+    assert_int_equal(fo_names_push(&r.only_a, "/step_0001", "z"), 0);
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_PASS);  /* declared */
+    assert_int_equal(fo_report_verdict(&r, 1, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_DIVERGE); /* --strict */
+    r.v[1].kind = FO_TOL;
+    fo_report_tally(&r);
+    assert_int_equal(r.first, 1);
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_DIVERGE);
+    assert_int_equal(fo_names_push(&r.undeclared_a, "/step_0001", "z"), 0);
+    assert_int_equal(fo_report_verdict(&r, 0, "a.h5", "b.h5", why, sizeof why), FO_VERDICT_ERROR); /* beats DIVERGE */
+    assert_non_null(strstr(why, "b.h5 lacks /step_0001/z that a.h5 holds"));
+    fo_report_free(&r);
+}
+
+/* A small flux-dump for the completeness contract: steps 0..nsteps-1 promised by sigmas
+ * (N+1 values), each with datasets latents_in, latents_out and an `order`; knobs break it. */
+typedef struct dump_spec {
+    int nsteps;           /* promised by /inputs/sigmas */
+    int written;          /* step groups written (0..written-1) */
+    int no_order_at;      /* this step's group has no `order` (-1: none) */
+    int no_final;
+    int marker;           /* -1: no `complete` attribute, else its value */
+    const char *recorded; /* recorded_steps, or NULL */
+    int skip_step;        /* a step not written (-1: none) */
+} dump_spec;
+
+static void write_spec_dump(const char *path, const dump_spec *d)
+{
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    assert_true(f >= 0);
+    str_attr(f, "format", "flux-dump");
+    str_attr(f, "dtype", "float32");
+    str_attr(f, "config", "{}");
+    hid_t sp = H5Screate(H5S_SCALAR);
+    int one = 1;
+    hid_t a = H5Acreate2(f, "version", H5T_NATIVE_INT, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT, &one), H5Aclose(a);
+    if (d->recorded) str_attr(f, "recorded_steps", d->recorded);
+    double v[4] = {1, 2, 3, 4};
+    hsize_t n = (hsize_t)d->nsteps + 1, four = 4;
+    hid_t g = H5Gcreate2(f, "/inputs", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    double *sig = calloc(n, sizeof *sig);
+    hid_t ssp = H5Screate_simple(1, &n, NULL);
+    hid_t ds = H5Dcreate2(g, "sigmas", H5T_IEEE_F32LE, ssp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, sig);
+    H5Dclose(ds), H5Sclose(ssp), H5Gclose(g), free(sig);
+    hid_t vsp = H5Screate_simple(1, &four, NULL);
+    for (int s = 0; s < d->written; s++) {
+        if (s == d->skip_step) continue;
+        char name[32];
+        snprintf(name, sizeof name, "/step_%04d", s);
+        g = H5Gcreate2(f, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        const char *dsn[2] = {"latents_in", "latents_out"};
+        for (int k = 0; k < 2; k++) {
+            ds = H5Dcreate2(g, dsn[k], H5T_IEEE_F32LE, vsp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+            H5Dclose(ds);
+        }
+        if (s != d->no_order_at) {
+            char order[2][16] = {"latents_in", "latents_out"};
+            hid_t st = H5Tcopy(H5T_C_S1);
+            H5Tset_size(st, 16);
+            hsize_t two = 2;
+            hid_t osp = H5Screate_simple(1, &two, NULL);
+            hid_t oa = H5Acreate2(g, "order", st, osp, H5P_DEFAULT, H5P_DEFAULT);
+            H5Awrite(oa, st, order), H5Aclose(oa), H5Sclose(osp), H5Tclose(st);
+        }
+        H5Gclose(g);
+    }
+    if (!d->no_final) {
+        g = H5Gcreate2(f, "/final", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        ds = H5Dcreate2(g, "latents", H5T_IEEE_F32LE, vsp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+        H5Dclose(ds), H5Gclose(g);
+    }
+    H5Sclose(vsp);
+    if (d->marker >= 0) { /* the producer's last action */
+        a = H5Acreate2(f, "complete", H5T_NATIVE_INT, sp, H5P_DEFAULT, H5P_DEFAULT);
+        H5Awrite(a, H5T_NATIVE_INT, &d->marker), H5Aclose(a);
+    }
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+static void check_completeness(const char *dir, const dump_spec *d, int want_complete, const char *want_reason)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/c.h5", dir);
+    write_spec_dump(path, d);
+    fo_file *f;
+    fs_err e = {0};
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+    fo_completeness c;
+    if (fo_file_completeness(f, &c, &e)) fail_msg("%s", e.msg);
+    if (c.complete != want_complete || c.partial == c.complete || (want_reason && !strstr(c.reason, want_reason)))
+        fail_msg("complete %d (want %d), reason '%s' (want '%s')", c.complete, want_complete, c.reason,
+                 want_reason ? want_reason : "");
+    fo_file_close(f);
+}
+
+static void test_completeness(void **state)
+{
+    (void)state;
+    char dir[64];
+    fs_test_tmpdir(dir, sizeof dir);
+    const dump_spec whole = {.nsteps = 3, .written = 3, .no_order_at = -1, .marker = -1, .skip_step = -1};
+    dump_spec d = whole;
+    check_completeness(dir, &d, 1, NULL); /* by structure */
+    d.marker = 1;
+    check_completeness(dir, &d, 1, NULL); /* by the marker */
+    d = whole, d.no_order_at = 2, d.no_final = 1;
+    check_completeness(dir, &d, 0, "step_0002 has no `order`: the producer stopped inside step 2");
+    d = whole, d.written = 2, d.no_final = 1;
+    check_completeness(dir, &d, 0, "step_0002 missing: /inputs/sigmas promises 3 steps: the producer stopped after step 1");
+    d = whole, d.no_final = 1;
+    check_completeness(dir, &d, 0, "no /final/latents");
+    d = whole, d.skip_step = 1;
+    check_completeness(dir, &d, 0, "step_0001 missing: /inputs/sigmas promises 3 steps, and later steps are present");
+    d = whole, d.marker = 0;
+    check_completeness(dir, &d, 0, "marked it incomplete");
+    d = whole, d.marker = 1, d.written = 2;
+    check_completeness(dir, &d, 0, "step_0002 missing although the file is marked complete");
+    d = whole, d.marker = 1, d.skip_step = 1, d.recorded = "0,2"; /* a deliberate subset */
+    check_completeness(dir, &d, 1, NULL);
+    d = whole, d.skip_step = 1, d.recorded = "0,2"; /* the same without the marker, by structure */
+    check_completeness(dir, &d, 1, NULL);
+    d = whole, d.marker = 1, d.recorded = "0,5";
+    check_completeness(dir, &d, 0, "step_0005 missing");
+    /* a malformed recorded_steps is an error, not a guess */
+    char path[160];
+    snprintf(path, sizeof path, "%s/c.h5", dir);
+    d = whole, d.recorded = "0,x";
+    write_spec_dump(path, &d);
+    fo_file *f;
+    fs_err e = {0};
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+    fo_completeness c;
+    assert_int_equal(fo_file_completeness(f, &c, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "attribute recorded_steps: 'x' is not a step number"));
+    fo_file_close(f);
+}
+
+static double fill_nan(int ds, int64_t i) { return ds == 2 && i % 7 == 3 ? NAN : fill_base(ds, i); }
+
+/* A NaN facing a NaN at the same place is not a pass; an empty dataset is not compared. */
+static void test_diff_nonfinite_empty(void **state)
+{
+    (void)state;
+    char dir[64], pa[128], pe[128];
+    fs_test_tmpdir(dir, sizeof dir);
+    const char *names[] = {"first", "second", "third"};
+    const hsize_t shape[2] = {4, 8}, zero[2] = {4, 0};
+    snprintf(pa, sizeof pa, "%s/nan.h5", dir);
+    snprintf(pe, sizeof pe, "%s/empty.h5", dir);
+    write_plain_dump(pa, 0, 3, names, 2, shape, fill_nan);
+    write_plain_dump(pe, 0, 3, names, 2, zero, fill_base);
+    fo_file *a, *z;
+    fs_err e = {0};
+    if (fo_file_open(&a, pa, &e) || fo_file_open(&z, pe, &e)) fail_msg("%s", e.msg);
+    fo_diff_opts o = {.allow_partial = 1};
+    fo_report r;
+    if (fo_diff_run(a, a, NULL, &o, &r, &e)) fail_msg("%s", e.msg);
+    assert_int_equal(r.nfail, 1);
+    assert_int_equal(r.v[2].kind, FO_NONFINITE);
+    assert_int_equal(r.v[2].at, 3);
+    assert_non_null(strstr(r.v[2].msg, "non-finite on both sides"));
+    assert_int_equal(fo_report_verdict(&r, 0, pa, pa, NULL, 0), FO_VERDICT_DIVERGE);
+    fo_report_free(&r);
+    if (fo_diff_run(z, z, NULL, &o, &r, &e)) fail_msg("%s", e.msg);
+    assert_int_equal(r.n, 3);
+    assert_int_equal(r.n_empty, 3);
+    assert_int_equal(r.n_compared, 0);
+    assert_int_equal(r.v[0].kind, FO_EMPTY);
+    assert_non_null(strstr(r.v[0].msg, "empty on both sides"));
+    assert_int_equal(fo_report_verdict(&r, 0, pe, pe, NULL, 0), FO_VERDICT_ERROR);
+    fo_report_free(&r);
+    fo_stat_report sr;
+    assert_int_equal(fo_stats_run(z, &o, &sr, &e), FS_E_INPUT); /* nothing to check */
+    fo_stat_report_free(&sr);
+    /* without --allow-partial these dumps (no /final) are refused */
+    o.allow_partial = 0;
+    assert_int_equal(fo_diff_run(a, a, NULL, &o, &r, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "partial dump"));
+    fo_report_free(&r);
+    fo_file_close(a), fo_file_close(z);
 }
 
 int main(void)
@@ -511,6 +802,10 @@ int main(void)
         cmocka_unit_test(test_stream_blocks),     cmocka_unit_test(test_diff_reference),
         cmocka_unit_test(test_views_equal_widened), cmocka_unit_test(test_direct_streams),
         cmocka_unit_test(test_diff_order_parallel),
+        cmocka_unit_test(test_h5_clean),          cmocka_unit_test(test_steps_parse),
+        cmocka_unit_test(test_config_compare),    cmocka_unit_test(test_modules_promise),
+        cmocka_unit_test(test_verdict_rule),      cmocka_unit_test(test_completeness),
+        cmocka_unit_test(test_diff_nonfinite_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

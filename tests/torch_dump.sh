@@ -6,7 +6,11 @@
 #     ModuleList / root datasets, `order` = hook firing order, latents_in first, latents_out last,
 #     identical tensors hard-linked;
 #   - flux-oracle reads it (stats), a float64 run of the same model diffs within the float32
-#     defaults, and a run with one weight changed diverges first exactly at that module.
+#     defaults, and a run with one weight changed diverges first exactly at that module;
+#   - completeness: a finished run carries `complete` = 1; a producer that raises inside its
+#     loop leaves a file flux-oracle reports partial (exit 2, naming the step); a run recording
+#     only some steps says so in `recorded_steps` and diffs cleanly against a full one; sigmas
+#     that are not N+1 values are refused.
 # Needs python3-torch (Debian); without it this test is SKIPPED, loudly (torch is ~1 GB, so it
 # is not in tools/install-deps.sh).
 set -u
@@ -83,7 +87,7 @@ class Toy(nn.Module):
         for b in s.transformer_blocks: txt, img = b(img, txt, emb)
         return (s.proj_out(img),)
 
-def run(path, dtype, tweak=False):
+def run(path, dtype, tweak=False, fail_at=None, only=None):
     torch.manual_seed(0)
     m = Toy().to(dtype)
     if tweak:
@@ -95,15 +99,38 @@ def run(path, dtype, tweak=False):
     with FluxDumper(path, m, config=Toy.config, compress=True) as d, torch.no_grad():
         d.write_inputs(hidden_states=x, encoder_hidden_states=ctx, guidance=gd, sigmas=sig, timesteps=sig[:2])
         for i in range(2):
-            with d.step(i, timestep=sig[i], sigma=sig[i], sigma_next=sig[i + 1]):
+            if only is not None and i not in only:
+                x = x + (sig[i + 1] - sig[i]) * m(x, ctx, sig[i:i + 1], gd, ids)[0]
+                continue
+            with d.step(i, timestep=sig[i:i + 1], sigma=sig[i], sigma_next=sig[i + 1]):
                 d.record("latents_in", x)
                 v = m(x, ctx, sig[i:i + 1], gd, ids)[0]
+                if i == fail_at: raise RuntimeError("simulated crash inside the loop")
                 x = x + (sig[i + 1] - sig[i]) * v
                 d.record("latents_out", x)
         d.final(x)
 
 run(f"{T}/t32.h5", torch.float32); run(f"{T}/t64.h5", torch.float64); run(f"{T}/tweak.h5", torch.float32, tweak=True)
+try:
+    run(f"{T}/crash.h5", torch.float32, fail_at=1); raise AssertionError("no exception")
+except RuntimeError as ex:
+    assert "simulated" in str(ex)
+run(f"{T}/only1.h5", torch.float32, only=[1])
+with h5py.File(f"{T}/crash.h5") as f:
+    assert "complete" not in f.attrs and "order" not in f["step_0001"].attrs, "a crashed run looks complete"
+with h5py.File(f"{T}/only1.h5") as f:
+    assert f.attrs["complete"] == 1 and f.attrs["recorded_steps"] == "1" and "step_0000" not in f
+with h5py.File(f"{T}/t64.h5") as f:
+    assert f.attrs["complete"] == 1 and "recorded_steps" not in f.attrs and f.attrs["dtype"] == "float64"
+    assert f["step_0001"].attrs["timestep"] == 0.5
+try:   # sigmas must be the scheduler's N+1 values
+    with FluxDumper(f"{T}/badsig.h5", Toy(), config=Toy.config) as d:
+        d.write_inputs(sigmas=torch.tensor([1.0, 0.5]), timesteps=torch.tensor([1.0, 0.5]))
+    raise AssertionError("N sigmas accepted")
+except ValueError as ex:
+    assert "N+1" in str(ex), ex
 f = h5py.File(f"{T}/t32.h5")
+assert f.attrs["complete"] == 1
 assert f.attrs["format"] == "flux-dump" and f.attrs["version"] == 1 and f.attrs["dtype"] == "float32"
 order = list(f["step_0000"].attrs["order"])
 print("order:", order)
@@ -129,6 +156,15 @@ if "$OR" stats -q "$T/t32.h5" >"$T/out" 2>&1 && grep -q FINITE "$T/out"; then ok
 if "$OR" diff -q "$T/t32.h5" "$T/t64.h5" >"$T/out" 2>&1; then ok "torch float32 vs float64 dump: $(cat "$T/out")"; else bad "fp32 vs fp64: $(cat "$T/out")"; fi
 "$OR" diff -q "$T/tweak.h5" "$T/t32.h5" >"$T/out" 2>&1; rc=$?
 if [ $rc -eq 1 ] && grep -q "DIVERGE at step 0 transformer_blocks.1.attn.to_q:" "$T/out"; then ok "changed weight: first divergence at the module that owns it"; else bad "tweak: rc=$rc $(cat "$T/out")"; fi
+"$OR" stats -q "$T/crash.h5" >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "crash.h5: partial dump (last step present: 1): step_0001 has no \`order\`: the producer stopped inside step 1" "$T/err"
+then ok "a producer that raised inside its loop: $(cat "$T/err")"; else bad "crash: rc=$rc $(cat "$T/out" "$T/err")"; fi
+"$OR" diff -q "$T/t32.h5" "$T/crash.h5" >"$T/out" 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] && ok "diff against the crashed run: exit 2" || bad "diff crash: rc=$rc"
+"$OR" diff -q --allow-partial "$T/t32.h5" "$T/crash.h5" >"$T/out" 2>&1; rc=$?
+[ $rc -eq 0 ] && grep -q "crash.h5 is partial" "$T/out" && ok "--allow-partial compares the finished step: $(cat "$T/out" | cut -c1-160)" || bad "allow-partial: rc=$rc $(cat "$T/out")"
+"$OR" diff -q "$T/only1.h5" "$T/t32.h5" >"$T/out" 2>&1; rc=$?
+[ $rc -eq 0 ] && ok "recorded_steps=1 against a full run: $(cat "$T/out" | cut -c1-160)" || bad "only1: rc=$rc $(cat "$T/out")"
 rm -rf "$T"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

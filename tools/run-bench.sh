@@ -5,5 +5,11 @@ cd "$(dirname "$0")/.."
 echo "== bench_forward (OpenBLAS threads: ${OPENBLAS_NUM_THREADS:-default}) =="
 build/bench_forward "$@"
 echo
+echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
+tools/bench_backends.sh 3
+echo
 echo "== bench_oracle: flux-oracle diff vs h5diff on >= 200 MB dumps =="
 tools/bench_oracle.sh
+echo
+echo "== bench_synth: synthetic-weight generation, old libm path vs the vector path, 1 and 2 threads =="
+build/bench_synth --e2e

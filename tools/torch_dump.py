@@ -4,17 +4,29 @@ diffusers' FluxTransformer2DModel, with forward hooks, so a GPU run can be diffe
 with `flux-oracle diff`.
 
     from torch_dump import FluxDumper
+    # after retrieve_timesteps(scheduler, ...): scheduler.timesteps has N values and
+    # scheduler.sigmas the N+1 sigmas (including the final 0)
+    timesteps, sigmas = scheduler.timesteps, scheduler.sigmas
+    B = latents.shape[0]
     with FluxDumper("run.h5", transformer) as d:              # hooks every named module
         d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds,
                        pooled_projections=pooled, img_ids=img_ids, txt_ids=txt_ids,
-                       guidance=guidance, sigmas=sigmas, timesteps=timesteps / 1000)
+                       guidance=guidance, sigmas=sigmas,
+                       timesteps=(timesteps / 1000).to(latents.dtype))
         for i, t in enumerate(timesteps):
-            with d.step(i, timestep=t / 1000, sigma=sigmas[i], sigma_next=sigmas[i + 1]):
+            # diffusers wants a 1-D timestep of B values, as FluxPipeline passes it (a 0-d
+            # tensor crashes inside the time embedding); record the value actually passed
+            timestep = t.expand(B).to(latents.dtype) / 1000
+            with d.step(i, timestep=timestep, sigma=sigmas[i], sigma_next=sigmas[i + 1]):
                 d.record("latents_in", latents)
-                v = transformer(hidden_states=latents, timestep=t / 1000, ...)[0]
-                latents = scheduler.step(v, t, latents)[0]
+                v = transformer(hidden_states=latents, timestep=timestep, guidance=guidance,
+                                pooled_projections=pooled, encoder_hidden_states=prompt_embeds,
+                                txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+                latents = scheduler.step(v, t, latents, return_dict=False)[0]
                 d.record("latents_out", latents)
         d.final(latents)
+    # leaving the `with` block normally marks the file complete (root attribute complete = 1);
+    # an exception inside it leaves the file without the marker: readers report it partial.
 
 Naming (the format's rules): a dataset per module output, named by its path in
 `model.named_modules()`; a tuple output stores element k as `name#k` (None elements skipped); a
@@ -26,10 +38,22 @@ Size savers, both invisible to readers: `dedupe=True` stores bitwise-identical t
 hard-links the other names (HDF5 hard links, as the reference dumps do); `compress=True` stores
 datasets of >= 256 elements as one shuffle+deflate chunk.
 
+Completeness (docs/dump-format.md): the root attribute `complete` = 1 is written as the very
+last action, when the `with` block (or close()) ends without an exception and every step that
+was started has ended and /final/latents exists; a run that raises leaves a file flux-oracle
+reports as partial. Steps are checked against /inputs/sigmas (N+1 values: N steps); when only
+some steps were recorded, `recorded_steps` ("0,3") says which.
+
+What was run is recorded as it was passed: `dtype` is the run's dtype (the model's parameters,
+or `dtype=`), each step's `timestep` attribute is the value passed to the transformer (a tensor
+is read in its own dtype, e.g. bfloat16-rounded), and /inputs/timesteps must hold those values
+(checked at the end: a mismatch raises instead of marking the file complete).
+
 Options: `modules=` a predicate on the module name to record a subset (then pass
-`recorded_modules=` text for the attribute); `parallel=` a dict written as the `parallel`
-attribute (world, mesh, rank, sharding) for per-rank or sharded runs; `dtype=` overrides the
-run's dtype name. bfloat16 tensors are stored as float32 (HDF5 has no bfloat16), as the format
+`recorded_modules=` text for the attribute, "depth<=N" or "all"); `parallel=` a dict written as
+the `parallel` attribute (world, mesh, rank, sharding) for per-rank or sharded runs; `dtype=`
+overrides the run's dtype name; `recorded_steps=` overrides the list worked out from the steps
+run. bfloat16 tensors are stored as float32 (HDF5 has no bfloat16), as the format
 says. Needs torch, h5py, numpy; diffusers is not imported here.
 """
 import contextlib
@@ -63,7 +87,8 @@ def _dtype_name(model):
 
 class FluxDumper:
     def __init__(self, path, model, config=None, dtype=None, producer=None, modules=None,
-                 recorded_modules="all", parallel=None, dedupe=True, compress=False, extra_attrs=None):
+                 recorded_modules="all", parallel=None, dedupe=True, compress=False, extra_attrs=None,
+                 recorded_steps=None):
         self.model = model
         self.modules = modules
         self.dedupe, self.compress = dedupe, compress
@@ -83,6 +108,11 @@ class FluxDumper:
         for k, v in (extra_attrs or {}).items():
             a[k] = v
         self.recorded_modules = recorded_modules
+        self.recorded_steps = recorded_steps
+        self._steps_done, self._steps_open = [], 0
+        self._passed_t = {}     # step -> timestep value passed to the transformer
+        self._inputs = {}       # name -> numpy array written to /inputs
+        self._final = False
         self._group = None
         self._handles = []
         self._seen = {}   # (dtype, shape, digest) -> dataset, across steps (pos_embed repeats)
@@ -144,40 +174,94 @@ class FluxDumper:
         self._order.append(name)
         self._order_set.add(name)
 
+    @staticmethod
+    def _scalar(v, what):
+        """The value of a number or a tensor/array (0-d, or 1-D of B equal values, as diffusers'
+        timestep), exactly as held in its own dtype."""
+        a = _to_numpy(v) if not isinstance(v, (int, float, np.ndarray, np.generic)) else np.asarray(v)
+        a = np.asarray(a, dtype=np.float64).reshape(-1)
+        if a.size == 0 or not np.all(a == a[0]):
+            raise ValueError(f"{what} must be one value (or B equal values), got {a}")
+        return float(a[0])
+
     @contextlib.contextmanager
     def step(self, index, timestep, sigma, sigma_next):
         g = self.f.create_group(f"step_{index:04d}", track_order=True)
-        for k, v in (("timestep", timestep), ("sigma", sigma), ("sigma_next", sigma_next)):
-            g.attrs[k] = float(v)
+        t = self._scalar(timestep, "timestep")
+        for k, v in (("timestep", t), ("sigma", self._scalar(sigma, "sigma")),
+                     ("sigma_next", self._scalar(sigma_next, "sigma_next"))):
+            g.attrs[k] = v
         g.attrs["recorded_modules"] = self.recorded_modules
         self._group, self._order, self._order_set, self._calls = g, [], set(), {}
+        self._steps_open += 1
         try:
             yield self
-        finally:
-            g.attrs["order"] = np.array(self._order, dtype=h5py.string_dtype())
+        except BaseException:
+            # no `order`: a reader sees this step as unfinished, whatever else is on disk
             self._group = None
+            raise
+        g.attrs["order"] = np.array(self._order, dtype=h5py.string_dtype())
+        self._group = None
+        self._steps_open -= 1
+        self._steps_done.append(index)
+        self._passed_t[index] = t
 
     def write_inputs(self, **tensors):
+        """/inputs, stored as given. `sigmas` must be the scheduler's N+1 values (the final 0
+        included) and `timesteps` the N values passed to the transformer (already / 1000)."""
+        arrs = {k: (_to_numpy(v) if not isinstance(v, np.ndarray) else np.asarray(v))
+                for k, v in tensors.items() if v is not None}
+        s, t = arrs.get("sigmas"), arrs.get("timesteps")
+        if s is not None and s.ndim != 1:
+            raise ValueError(f"sigmas must be 1-D (the scheduler's N+1 sigmas), got shape {s.shape}")
+        if s is not None and t is not None and (t.ndim != 1 or len(s) != len(t) + 1):
+            raise ValueError(f"sigmas must hold one more value than timesteps (N+1 vs N), got {len(s)} and "
+                             f"{t.shape}: pass scheduler.sigmas, not sigmas[:-1]")
         g = self.f.require_group("inputs")
-        for k, v in tensors.items():
-            if v is None:
-                continue
-            g.create_dataset(k, data=_to_numpy(v) if not isinstance(v, np.ndarray) else np.asarray(v))
+        for k, a in arrs.items():
+            g.create_dataset(k, data=a)
+            self._inputs[k] = a
 
     def final(self, latents):
         g = self.f.require_group("final")
         g.create_dataset("latents", data=_to_numpy(latents) if not isinstance(latents, np.ndarray) else latents)
+        self._final = True
 
-    def close(self):
+    def _finish(self):
+        """Checks the run is whole and writes the completeness marker, as the last action."""
+        if self._steps_open:
+            raise RuntimeError("a step() is still open")
+        if not self._final:
+            raise RuntimeError("final() was not called: the dump stays partial")
+        s, t = self._inputs.get("sigmas"), self._inputs.get("timesteps")
+        n = len(s) - 1 if s is not None else None
+        done = sorted(set(self._steps_done))
+        for i in done:   # the timesteps recorded are the ones passed
+            if t is not None and i < len(t) and float(np.float64(t[i])) != self._passed_t[i]:
+                raise ValueError(f"/inputs/timesteps[{i}] = {float(t[i])!r} but step {i} passed "
+                                 f"{self._passed_t[i]!r}: record the values actually passed")
+        rs = self.recorded_steps
+        if rs is None and n is not None and done != list(range(n)):
+            rs = ",".join(str(i) for i in done)      # a deliberate subset: say which
+        if rs is not None and rs != "all":
+            self.f.attrs["recorded_steps"] = rs
+        self.f.attrs["complete"] = np.int64(1)
+
+    def close(self, ok=True):
+        """Removes the hooks and closes the file; ok=True (a normal end) marks it complete."""
         for h in self._handles:
             h.remove()
         self._handles = []
         if self.f:
-            self.f.close()
-            self.f = None
+            try:
+                if ok:
+                    self._finish()
+            finally:
+                self.f.close()
+                self.f = None
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(ok=exc_type is None)

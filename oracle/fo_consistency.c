@@ -1,0 +1,263 @@
+/* fo_consistency.c — `flux-oracle consistency`: per-rank dumps of one parallel run, whose
+ * replicated tensors must be bitwise identical on every rank (see fo_diff.h). */
+#include "fo_diff.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fo_config.h"
+#include "fo_walk.h"
+
+#define DEFAULT_BLOCK (1 << 18) /* as fo_diff.c */
+
+static void set_at(fo_entry *en, const fo_model_dims *md, int64_t at)
+{
+    en->at = at;
+    if (at < 0) return;
+    fo_unravel(at, en->ndim_a, en->shape_a, en->coords);
+    fo_describe_coords(en->group, en->name, en->ndim_a, en->shape_a, en->coords, md->batch, md->s_txt, md->s_img,
+                       md->heads, md->head_dim, en->where, sizeof en->where);
+}
+
+int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report *r, fs_err *e)
+{
+    fo_report_init(r, FO_MODE_CONSISTENCY);
+    r->narrowed = o->n_modules > 0 || o->steps != NULL;
+    r->tol = (fo_tolerance){.rtol = 0}; /* bitwise */
+    r->nfiles = n;
+    if (n < 2) return fs_errf(e, FS_E_INPUT, "consistency needs at least two per-rank dumps");
+    if (n > FO_MAX_RANKS) return fs_errf(e, FS_E_INPUT, "consistency handles at most %d files", FO_MAX_RANKS);
+    for (int i = 0; i < n; i++) {
+        if (!fo_file_parallel(files[i]))
+            return fs_errf(e, FS_E_INPUT, "%s: no 'parallel' attribute: not a per-rank dump", fo_file_path(files[i]));
+        r->rank_of_file[i] = fo_parallel_rank(fo_file_parallel(files[i]));
+        if (r->rank_of_file[i] < 0)
+            return fs_errf(e, FS_E_INPUT, "%s: attribute parallel has no \"rank\": not a per-rank dump",
+                           fo_file_path(files[i]));
+        if (r->rank_of_file[i] >= FO_MAX_RANKS)
+            return fs_errf(e, FS_E_INPUT, "%s: rank %d: at most %d ranks are supported", fo_file_path(files[i]),
+                           r->rank_of_file[i], FO_MAX_RANKS);
+        for (int j = 0; j < i; j++)
+            if (r->rank_of_file[j] == r->rank_of_file[i])
+                return fs_errf(e, FS_E_INPUT, "%s and %s both hold rank %d", fo_file_path(files[j]),
+                               fo_file_path(files[i]), r->rank_of_file[i]);
+    }
+    /* One run's files: one model, each finished (or --allow-partial). */
+    char *note = NULL;
+    fo_decl decl[FO_MAX_RANKS];
+    memset(decl, 0, sizeof decl);
+    int rc = FS_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        int same = 0;
+        char why[600];
+        if (i && !(rc = fo_config_compare(fo_file_config(files[0]), fo_file_path(files[0]), fo_file_config(files[i]),
+                                          fo_file_path(files[i]), &same, why, sizeof why, e)) &&
+            !same)
+            rc = fs_errf(e, FS_E_INPUT, "%s and %s are dumps of different models (config: %s)", fo_file_path(files[0]),
+                         fo_file_path(files[i]), why);
+        if (!i) rc = fo_config_check(fo_file_config(files[0]), fo_file_path(files[0]), e);
+        if (!rc) rc = fo_require_complete(files[i], o->allow_partial, &note, e);
+        if (!rc) rc = fo_decl_read(files[i], note != NULL, &decl[i], e);
+        if (note && !rc) {
+            char *p = r->partial_note ? fo_strdupf("%s; %s", r->partial_note, note) : strdup(note);
+            free(r->partial_note);
+            r->partial_note = p;
+        }
+        free(note);
+        note = NULL;
+    }
+    if (rc) {
+        for (int i = 0; i < n; i++) fo_decl_free(&decl[i]);
+        return rc;
+    }
+    cJSON *par = cJSON_Parse(fo_file_parallel(files[0]));
+    if (!par || !cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(par, "sharding"))) {
+        cJSON_Delete(par);
+        for (int i = 0; i < n; i++) fo_decl_free(&decl[i]);
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: attribute parallel has no \"sharding\" map: which tensors must agree is unknown",
+                       fo_file_path(files[0]));
+    }
+    int64_t block = o->block_elems > 0 ? o->block_elems : DEFAULT_BLOCK;
+    fo_model_dims md = fo_read_model_dims(files[0]);
+    fo_walk_group *groups = NULL;
+    int ng = 0;
+    if (fo_walk_groups(files[0], NULL, &groups, &ng)) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+    fo_names names = {0};
+    fo_stream **st = calloc((size_t)n, sizeof *st);
+    fo_acc *acc = calloc((size_t)n, sizeof *acc);
+    char (*gp)[64] = calloc((size_t)n, sizeof *gp);
+    int *present = calloc((size_t)n, sizeof *present);
+    char **mdecl = calloc((size_t)n, sizeof *mdecl);
+    if (!rc && (!st || !acc || !gp || !present || !mdecl)) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+    for (int g = 0; g < ng && !rc; g++) {
+        if ((rc = fo_walk_names(files[0], &groups[g], gp[0], sizeof gp[0], &names, &present[0], e))) break;
+        fo_names tmp = {0};
+        for (int i = 1; i < n && !rc; i++)
+            rc = fo_walk_names(files[i], &groups[g], gp[i], sizeof gp[i], &tmp, &present[i], e);
+        fo_names_free(&tmp);
+        for (int i = 0; i < n && !rc; i++) {
+            free(mdecl[i]);
+            mdecl[i] = NULL;
+            if (groups[g].step >= 0 && present[i]) rc = fo_attr_string(files[i], gp[i], "recorded_modules", &mdecl[i], e);
+        }
+        for (int k = 0; k < names.n && !rc; k++) {
+            const char *name = names.v[k];
+            char p[1024];
+            fo_dataset info = {0};
+            fo_shard sh;
+            int found;
+            if (fo_narrowed_out(o, groups[g].step, name)) {
+                r->excluded++;
+                continue;
+            }
+            snprintf(p, sizeof p, "%s/%s", gp[0], name);
+            if ((rc = fo_dataset_info(files[0], p, &info, e))) break;
+            if ((rc = fo_shard_from_json(par, name, info.ndim, info.shape, &sh, &found, fo_file_path(files[0]), e)))
+                break;
+            int repl = found && sh.replicated;
+            fo_shard_free(&sh);
+            if (!repl) {
+                r->unchecked++;
+                continue;
+            }
+            /* Every rank must hold it. */
+            int missing = 0;
+            for (int i = 1; i < n; i++) {
+                snprintf(p, sizeof p, "%s/%s", gp[i], name);
+                if (!fo_is_dataset(files[i], p)) {
+                    char q[1100];
+                    snprintf(q, sizeof q, "%s (rank %d)", name, r->rank_of_file[i]);
+                    if (fo_names_push(&r->only_a, groups[g].group, q) ||
+                        (!fo_decl_excuses(&decl[i], &groups[g], present[i], mdecl[i], name) &&
+                         fo_names_push(&r->undeclared_a, groups[g].group, q)))
+                        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    missing = 1;
+                }
+            }
+            if (missing || rc) continue;
+            fo_entry *en = fo_report_add(r, groups[g].step, groups[g].group, name);
+            if (!en) {
+                rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                break;
+            }
+            en->ranks_known = 1;
+            en->ranks_note = strdup("replicated");
+            fo_dataset di[FO_MAX_RANKS];
+            for (int i = 0; i < n && !rc; i++) {
+                snprintf(p, sizeof p, "%s/%s", gp[i], name);
+                memset(&di[i], 0, sizeof di[i]);
+                rc = fo_stream_open(files[i], p, block, &st[i], &di[i], e);
+                fo_acc_init(&acc[i]);
+            }
+            if (rc) goto close;
+            en->ndim_a = en->ndim_b = di[0].ndim;
+            memcpy(en->shape_a, di[0].shape, sizeof di[0].shape);
+            memcpy(en->shape_b, di[0].shape, sizeof di[0].shape);
+            memcpy(en->dtype_a, di[0].dtype, sizeof di[0].dtype);
+            memcpy(en->dtype_b, di[0].dtype, sizeof di[0].dtype);
+            if (di[0].numel == 0) { /* counted, not compared: empty replicas agree vacuously */
+                en->kind = FO_EMPTY;
+                en->msg = strdup("empty on every rank: nothing to compare");
+            }
+            int bad_shape = -1;
+            for (int i = 1; i < n; i++)
+                if (di[i].ndim != di[0].ndim || memcmp(di[i].shape, di[0].shape, sizeof di[0].shape)) bad_shape = i;
+            if (bad_shape >= 0) {
+                char s0[160], s1[160];
+                en->kind = FO_SHAPE;
+                en->ndim_b = di[bad_shape].ndim;
+                memcpy(en->shape_b, di[bad_shape].shape, sizeof en->shape_b);
+                en->ranks = (uint64_t)1 << r->rank_of_file[bad_shape];
+                en->msg = fo_strdupf("replicated tensor has shape %s on rank %d but %s on rank %d",
+                                    fo_shape_str(di[0].ndim, di[0].shape, s0, sizeof s0), r->rank_of_file[0],
+                                    fo_shape_str(di[bad_shape].ndim, di[bad_shape].shape, s1, sizeof s1),
+                                    r->rank_of_file[bad_shape]);
+                goto close;
+            }
+            if (en->kind == FO_EMPTY) goto close;
+            {
+                /* eq[i*n+j]: files i and j identical so far (bitwise, as doubles: exact for every
+                 * stored float type). */
+                unsigned char eq[FO_MAX_RANKS * FO_MAX_RANKS];
+                memset(eq, 1, (size_t)n * (size_t)n);
+                const double *x[FO_MAX_RANKS];
+                for (;;) {
+                    int64_t off, cnt = 0, c2;
+                    for (int i = 0; i < n && !rc; i++) rc = fo_stream_next(st[i], &x[i], &off, i ? &c2 : &cnt, e);
+                    if (rc || cnt == 0) break;
+                    for (int i = 0; i < n; i++)
+                        for (int j = i + 1; j < n; j++)
+                            if (eq[i * n + j] && memcmp(x[i], x[j], (size_t)cnt * sizeof(double)))
+                                eq[i * n + j] = eq[j * n + i] = 0;
+                    for (int i = 1; i < n; i++) fo_acc_add(&acc[i], x[i], x[0], cnt);
+                }
+                if (rc) goto close;
+                /* The largest class of identical files is the consensus (ties: the one holding
+                 * the first file); the others disagree. */
+                int best = 0, best_sz = 0;
+                for (int i = 0; i < n; i++) {
+                    int sz = 0;
+                    for (int j = 0; j < n; j++) sz += i == j || eq[i * n + j];
+                    if (sz > best_sz) best = i, best_sz = sz;
+                }
+                if (best_sz == n) {
+                    fo_acc_finish(&acc[1], &en->st); /* all zero: shows identical in tables */
+                    goto close;
+                }
+                en->kind = FO_UNEQUAL;
+                int odd = -1;
+                char cl[256];
+                size_t co_ = 0;
+                cl[0] = 0;
+                for (int j = 0; j < n; j++) {
+                    if (j != best && !eq[best * n + j]) {
+                        en->ranks |= (uint64_t)1 << r->rank_of_file[j];
+                        if (odd < 0) odd = j;
+                    } else if (co_ < sizeof cl) {
+                        co_ += (size_t)snprintf(cl + co_, sizeof cl - co_, "%s%d", co_ ? ", " : "", r->rank_of_file[j]);
+                    }
+                }
+                fo_acc_finish(&acc[odd == 0 ? best : odd], &en->st);
+                set_at(en, &md, en->st.n_nonfinite_mismatch ? en->st.first_nonfinite : en->st.argmax);
+                char rl[256];
+                size_t ro = 0;
+                rl[0] = 0;
+                for (int j = 0; j < n && ro < sizeof rl; j++)
+                    if (en->ranks >> r->rank_of_file[j] & 1)
+                        ro += (size_t)snprintf(rl + ro, sizeof rl - ro, "%s%d", ro ? ", " : "", r->rank_of_file[j]);
+                char co[96];
+                fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
+                en->msg = fo_strdupf("replicated tensor differs across ranks: rank%s %s disagree%s with rank%s %s; "
+                                    "max|diff| %.3g at %s%s%s%s, rel L2 %.3g, NaN %lld/%lld",
+                                    strchr(rl, ',') ? "s" : "", rl, strchr(rl, ',') ? "" : "s",
+                                    strchr(cl, ',') ? "s" : "", cl, en->st.max_abs, co, en->where[0] ? " (" : "",
+                                    en->where, en->where[0] ? ")" : "", en->st.rel_l2, (long long)en->st.nan_a,
+                                    (long long)en->st.nan_b);
+            }
+        close:
+            for (int i = 0; i < n; i++) {
+                fo_stream_close(st[i]);
+                st[i] = NULL;
+            }
+
+        }
+    }
+    if (!rc) fo_report_tally(r);
+    fo_names_free(&names);
+    for (int i = 0; i < n; i++) {
+        if (mdecl) free(mdecl[i]);
+        fo_decl_free(&decl[i]);
+    }
+    free(mdecl);
+    free(present);
+    free(st);
+    free(acc);
+    free(gp);
+    free(groups);
+    cJSON_Delete(par);
+    return rc;
+}
+

@@ -1,0 +1,39 @@
+#include "fs_cleanup.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_PATHS 64
+#define MAX_LEN 1024
+
+static char paths[MAX_PATHS][MAX_LEN];
+static volatile sig_atomic_t used[MAX_PATHS];
+
+int fs_cleanup_add(const char *path)
+{
+    size_t n = strlen(path);
+    if (n >= MAX_LEN) return -1;
+    for (int i = 0; i < MAX_PATHS; i++)
+        if (!used[i]) {
+            memcpy(paths[i], path, n + 1);
+            used[i] = 1; /* set after the copy: a handler never sees a half-written path */
+            return 0;
+        }
+    return -1;
+}
+
+void fs_cleanup_remove(const char *path)
+{
+    for (int i = 0; i < MAX_PATHS; i++)
+        if (used[i] && !strcmp(paths[i], path)) used[i] = 0;
+}
+
+void fs_cleanup_run(void)
+{
+    for (int i = 0; i < MAX_PATHS; i++)
+        if (used[i]) {
+            unlink(paths[i]);
+            used[i] = 0;
+        }
+}

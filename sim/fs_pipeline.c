@@ -1,0 +1,336 @@
+#include "fs_pipeline.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* dir + "/" + name (no doubled slash), malloc'd; NULL when out of memory. */
+static char *join(const char *dir, const char *name)
+{
+    char *p = NULL;
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (asprintf(&p, "%.*s/%s", (int)n, dir, name) < 0) return NULL;
+    return p;
+}
+
+/* The directory a path is in ("." for a bare name), malloc'd. */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+/* Does the directory hold safetensors weights of its own? */
+static int holds_weights(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent *de; !found && (de = readdir(d));)
+        found = de->d_name[0] != '.' && (ends_with(de->d_name, ".safetensors") || ends_with(de->d_name, ".safetensors.index.json"));
+    closedir(d);
+    return found;
+}
+
+static int read_small(const char *path, const char *what, char **out, fs_err *e)
+{
+    *out = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", path, what, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return fs_errf(e, FS_E_INPUT, "%s: is a directory, not a %s file", path, what);
+    if (!S_ISREG(st.st_mode)) return fs_errf(e, FS_E_INPUT, "%s: not a regular file (%s expected)", path, what);
+    if (st.st_size > (1 << 20))
+        return fs_errf(e, FS_E_INPUT, "%s: %lld bytes is not a plausible %s (at most 1 MiB)", path,
+                       (long long)st.st_size, what);
+    FILE *f = fopen(path, "rb");
+    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", path, what, strerror(errno));
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return fs_errf(e, FS_E_NOMEM, "out of memory");
+    }
+    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return fs_errf(e, FS_E_IO, "%s: read error", path);
+    }
+    buf[got] = 0;
+    *out = buf;
+    return FS_OK;
+}
+
+static cJSON *parse_json(const char *text, const char *path, fs_err *e)
+{
+    const char *at = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &at, 1);
+    if (!root) {
+        fs_errf(e, FS_E_INPUT, "%s: malformed JSON near '%.20s'", path, at && *at ? at : "(end of file)");
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        fs_errf(e, FS_E_INPUT, "%s: not a JSON object", path);
+        return NULL;
+    }
+    return root;
+}
+
+/* model_index.json, when present, must name diffusers' FluxTransformer2DModel as "transformer"
+ * (another pipeline's folder would otherwise fail later with a shape error). */
+static int check_model_index(const char *root, fs_err *e)
+{
+    char *path = join(root, "model_index.json"), *text = NULL;
+    if (!path) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    int rc = FS_OK;
+    if (!is_file(path)) goto out;
+    if ((rc = read_small(path, "model_index.json", &text, e))) goto out;
+    cJSON *j = parse_json(text, path, e);
+    if (!j) {
+        rc = FS_E_INPUT;
+        goto out;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "transformer");
+    const cJSON *cls = cJSON_IsArray(t) ? cJSON_GetArrayItem(t, 1) : NULL;
+    if (t && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel")))
+        rc = fs_errf(e, FS_E_INPUT, "%s: \"transformer\" is %s, not [\"diffusers\", \"FluxTransformer2DModel\"]: not a "
+                                    "FLUX.1 pipeline",
+                     path, cJSON_IsString(cls) ? cls->valuestring : "not a [library, class] pair");
+    cJSON_Delete(j);
+out:
+    free(text);
+    free(path);
+    return rc;
+}
+
+void fs_pipeline_free(fs_pipeline *p)
+{
+    if (!p) return;
+    free(p->weights);
+    free(p->config);
+    free(p->scheduler);
+    free(p->root);
+    memset(p, 0, sizeof *p);
+}
+
+/* A pipeline folder: a directory with transformer/ and no weights of its own. */
+static int is_pipeline_root(const char *dir)
+{
+    if (!is_dir(dir) || holds_weights(dir)) return 0;
+    char *t = join(dir, "transformer");
+    int yes = t && is_dir(t);
+    free(t);
+    return yes;
+}
+
+int fs_pipeline_weights_path(const char *path, char **out, fs_err *e)
+{
+    *out = is_pipeline_root(path) ? join(path, "transformer") : strdup(path);
+    return *out ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory");
+}
+
+int fs_pipeline_resolve(fs_pipeline *p, const char *weights, fs_err *e)
+{
+    memset(p, 0, sizeof *p);
+    char *wdir = NULL, *up = NULL, *mi = NULL;
+    int rc = FS_OK;
+    if (is_pipeline_root(weights)) {
+        p->root = strdup(weights);
+        p->weights = join(weights, "transformer");
+        wdir = p->weights ? strdup(p->weights) : NULL;
+    } else {
+        p->weights = strdup(weights);
+        wdir = is_dir(weights) ? strdup(weights) : dir_of(weights);
+        /* the pipeline root one level up, recognised by its model_index.json */
+        up = wdir ? join(wdir, "..") : NULL;
+        mi = up ? join(up, "model_index.json") : NULL;
+        if (mi && is_file(mi) && !(p->root = strdup(up))) {
+            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    if (!p->weights || !wdir) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    char *cfg = join(wdir, "config.json");
+    if (!cfg) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (is_file(cfg)) p->config = cfg;
+    else free(cfg);
+    if (p->root) {
+        if ((rc = check_model_index(p->root, e))) goto out;
+        char *sd = join(p->root, "scheduler"), *sc = sd ? join(sd, "scheduler_config.json") : NULL;
+        free(sd);
+        if (!sc) {
+            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            goto out;
+        }
+        if (is_file(sc)) p->scheduler = sc;
+        else free(sc);
+    }
+out:
+    free(wdir);
+    free(up);
+    free(mi);
+    if (rc) fs_pipeline_free(p);
+    return rc;
+}
+
+int fs_pipeline_config_file(fs_config *c, const char *path, fs_err *e)
+{
+    char *text = NULL;
+    int rc = read_small(path, "config.json", &text, e);
+    if (rc) return rc;
+    cJSON *j = parse_json(text, path, e);
+    free(text);
+    if (!j) return FS_E_INPUT;
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "_class_name");
+    if (cls && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel"))) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FluxTransformer2DModel", path,
+                     cJSON_IsString(cls) ? cls->valuestring : "not a string");
+        cJSON_Delete(j);
+        return rc;
+    }
+    /* diffusers' FluxTransformer2DModel(axes_dims_rope=(16, 56, 56)) default: the Hub's
+     * FLUX.1-dev/schnell config.json files were written before the key existed. */
+    if (!cJSON_GetObjectItemCaseSensitive(j, "axes_dims_rope")) {
+        const int def[3] = {16, 56, 56};
+        cJSON_AddItemToObject(j, "axes_dims_rope", cJSON_CreateIntArray(def, 3));
+    }
+    char *fixed = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!fixed) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    rc = fs_config_from_json(c, fixed, path, e);
+    free(fixed);
+    return rc;
+}
+
+int fs_pipeline_load_config(fs_config *c, const char *arg, fs_err *e)
+{
+    int is_preset = 0;
+    for (const char *const *n = fs_config_preset_names(); *n; n++) is_preset |= !strcmp(*n, arg);
+    struct stat st;
+    const int exists = stat(arg, &st) == 0;
+    if (is_preset || (!strchr(arg, '/') && !strstr(arg, ".json") && !exists)) return fs_config_preset(c, arg, e);
+    if (!exists) return fs_errf(e, FS_E_INPUT, "%s: cannot open config: %s", arg, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return fs_pipeline_config_file(c, arg, e);
+    /* a transformer folder, or a pipeline folder */
+    char *a = join(arg, "config.json"), *t = join(arg, "transformer"), *b = t ? join(t, "config.json") : NULL;
+    int rc;
+    if (!a || !b) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+    else if (is_file(a)) rc = fs_pipeline_config_file(c, a, e);
+    else if (is_file(b)) rc = fs_pipeline_config_file(c, b, e);
+    else rc = fs_errf(e, FS_E_INPUT, "%s: directory holds neither config.json nor transformer/config.json", arg);
+    free(a);
+    free(t);
+    free(b);
+    return rc;
+}
+
+/* ---- scheduler_config.json ---- */
+
+static int sched_number(const cJSON *j, const char *k, double *v, const char *path, fs_err *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, k);
+    if (!it) return FS_OK;
+    if (!cJSON_IsNumber(it)) return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' is not a number", path, k);
+    *v = it->valuedouble;
+    return FS_OK;
+}
+
+static int sched_int(const cJSON *j, const char *k, int *v, const char *path, fs_err *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, k);
+    if (!it) return FS_OK;
+    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble || it->valuedouble < 1)
+        return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' is not a positive integer", path, k);
+    *v = (int)it->valuedouble;
+    return FS_OK;
+}
+
+/* A key flux-sim does not implement: fine when absent, null, false or the default string. */
+static int sched_unsupported(const cJSON *j, const char *k, const char *default_str, const char *path, fs_err *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, k);
+    if (!it || cJSON_IsNull(it) || cJSON_IsFalse(it)) return FS_OK;
+    if (default_str && cJSON_IsString(it) && !strcmp(it->valuestring, default_str)) return FS_OK;
+    char *v = cJSON_PrintUnformatted(it);
+    int rc = fs_errf(e, FS_E_INPUT,
+                     "%s: scheduler option %s = %.40s is not supported (flux-sim implements FLUX's "
+                     "FlowMatchEulerDiscreteScheduler with its default sigmas and exponential shift only)",
+                     path, k, v ? v : "?");
+    free(v);
+    return rc;
+}
+
+int fs_pipeline_sched_file(fs_sched_config *s, const char *path, fs_err *e)
+{
+    char *text = NULL;
+    int rc = read_small(path, "scheduler_config.json", &text, e);
+    if (rc) return rc;
+    cJSON *j = parse_json(text, path, e);
+    free(text);
+    if (!j) return FS_E_INPUT;
+    /* FlowMatchEulerDiscreteScheduler.__init__ defaults */
+    fs_sched_config d = {.use_dynamic_shifting = 0, .shift = 1.0, .base_shift = 0.5, .max_shift = 1.15,
+                         .base_image_seq_len = 256, .max_image_seq_len = 4096};
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "_class_name");
+    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(j, "use_dynamic_shifting");
+    int ntt = 1000;
+    if (cls && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FlowMatchEulerDiscreteScheduler")))
+        rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FlowMatchEulerDiscreteScheduler", path,
+                     cJSON_IsString(cls) ? cls->valuestring : "not a string");
+    else if (dyn && !cJSON_IsBool(dyn))
+        rc = fs_errf(e, FS_E_INPUT, "%s: scheduler key 'use_dynamic_shifting' is not a boolean", path);
+    if (!rc) d.use_dynamic_shifting = dyn && cJSON_IsTrue(dyn);
+    if (!rc) rc = sched_number(j, "shift", &d.shift, path, e);
+    if (!rc) rc = sched_number(j, "base_shift", &d.base_shift, path, e);
+    if (!rc) rc = sched_number(j, "max_shift", &d.max_shift, path, e);
+    if (!rc) rc = sched_int(j, "base_image_seq_len", &d.base_image_seq_len, path, e);
+    if (!rc) rc = sched_int(j, "max_image_seq_len", &d.max_image_seq_len, path, e);
+    if (!rc) rc = sched_int(j, "num_train_timesteps", &ntt, path, e);
+    if (!rc && ntt != 1000)
+        rc = fs_errf(e, FS_E_INPUT, "%s: num_train_timesteps = %d; flux-sim's timesteps assume FLUX's 1000", path, ntt);
+    static const char *const unsupported[] = {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
+                                              "invert_sigmas", "shift_terminal", "stochastic_sampling"};
+    for (size_t i = 0; !rc && i < FS_ARRAY_LEN(unsupported); i++) rc = sched_unsupported(j, unsupported[i], NULL, path, e);
+    if (!rc) rc = sched_unsupported(j, "time_shift_type", "exponential", path, e);
+    if (!rc && d.use_dynamic_shifting && d.max_image_seq_len == d.base_image_seq_len)
+        rc = fs_errf(e, FS_E_INPUT, "%s: max_image_seq_len equals base_image_seq_len (%d): the dynamic shift is undefined",
+                     path, d.base_image_seq_len);
+    if (!rc && !d.use_dynamic_shifting && !(d.shift > 0))
+        rc = fs_errf(e, FS_E_INPUT, "%s: shift = %g must be > 0", path, d.shift);
+    cJSON_Delete(j);
+    if (!rc) *s = d;
+    return rc;
+}
