@@ -26,7 +26,8 @@ struct fs_gpu_ctx {
     void *blas;          /* cublasHandle_t (CUDA, cuBLAS path), else NULL */
     void *gemm_ws;       /* float32 scratch of the bfloat16 cuBLAS GEMM (C before bias + rounding) */
     size_t gemm_ws_bytes;
-    fs_gpu_cache *cache;
+    fs_gpu_cache *cache;      /* device blocks */
+    fs_gpu_cache *host_cache; /* pinned staging blocks */
     char devname[256];
     char arch[64]; /* "sm_90" / "gfx90a" */
     int sms;

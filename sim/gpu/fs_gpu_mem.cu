@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unordered_map>
+#include <unordered_set>
 
 /* ------------------------------------------------------------------ errors */
 
@@ -41,6 +42,7 @@ struct fs_gpu_cache {
     std::unordered_map<void *, size_t> live; /* pointer -> rounded size */
     std::multimap<size_t, void *> idle;      /* rounded size -> free block */
     size_t idle_bytes = 0;
+    std::unordered_set<void *> unpinned;     /* host cache only: blocks from malloc, not pinned */
 };
 
 /* Size classes: multiples of 512 B below 1 MiB, then quarters of a power of two (<= 25% slack). */
@@ -184,22 +186,60 @@ static int gpu_sync(fs_backend *be, fs_err *e)
     return st == cudaSuccess ? FS_OK : fs_gpu_rt_err(e, "sync", st);
 }
 
+/* Pinned staging buffers (fs_comm takes one per collective and gives it back after): cached
+ * like device blocks, since pinning is slow and cudaFreeHost synchronises the device. When
+ * pinning fails (a memlock limit, a busy driver), plain malloc'd memory serves: slower
+ * transfers, same results. */
 static int gpu_host_alloc(fs_backend *be, size_t bytes, void **ptr, fs_err *e)
 {
+    fs_gpu_cache *c = gpu_ctx(be)->host_cache;
     *ptr = NULL;
-    cudaError_t st = cudaHostAlloc(ptr, bytes ? bytes : 1, cudaHostAllocDefault);
+    size_t r = round_class(bytes);
+    std::lock_guard<std::mutex> lock(c->mu);
+    auto it = c->idle.find(r);
+    if (it != c->idle.end()) {
+        *ptr = it->second;
+        c->idle.erase(it);
+        c->idle_bytes -= r;
+        c->live[*ptr] = r;
+        return FS_OK;
+    }
+    cudaError_t st = cudaHostAlloc(ptr, r, cudaHostAllocDefault);
     if (st != cudaSuccess) {
         (void)cudaGetLastError();
-        *ptr = NULL;
-        return fs_errf(e, FS_E_NOMEM, "%s backend: pinned host allocation of %zu bytes failed: %s", FS_GPU_VENDOR, bytes,
-                       cudaGetErrorName(st));
+        *ptr = malloc(r);
+        if (!*ptr)
+            return fs_errf(e, FS_E_NOMEM,
+                           "%s backend: host staging of %zu bytes: pinned allocation failed (%s) and so did malloc",
+                           FS_GPU_VENDOR, bytes, cudaGetErrorName(st));
+        c->unpinned.insert(*ptr);
     }
+    c->live[*ptr] = r;
     return FS_OK;
+}
+
+static void host_release(fs_gpu_cache *c, void *p)
+{
+    auto u = c->unpinned.find(p);
+    if (u != c->unpinned.end()) {
+        c->unpinned.erase(u);
+        free(p);
+    } else {
+        (void)cudaFreeHost(p);
+    }
 }
 
 static void gpu_host_free(fs_backend *be, void *ptr)
 {
-    if (ptr) (void)cudaFreeHost(ptr);
+    if (!ptr) return;
+    fs_gpu_cache *c = gpu_ctx(be)->host_cache;
+    std::lock_guard<std::mutex> lock(c->mu);
+    auto it = c->live.find(ptr);
+    if (it == c->live.end()) return;
+    size_t r = it->second;
+    c->live.erase(it);
+    c->idle.emplace(r, ptr);
+    c->idle_bytes += r;
 }
 
 /* ------------------------------------------------------------------ open / close */
@@ -268,6 +308,11 @@ static void ctx_destroy(fs_gpu_ctx *c)
         for (auto &kv : c->cache->live) (void)cudaFree(kv.first);
         delete c->cache;
     }
+    if (c->host_cache) {
+        for (auto &kv : c->host_cache->idle) host_release(c->host_cache, kv.second);
+        for (auto &kv : c->host_cache->live) host_release(c->host_cache, kv.first);
+        delete c->host_cache;
+    }
     if (c->stream) (void)cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     delete c;
@@ -296,6 +341,7 @@ extern "C" int fs_backend_gpu_open(const char *name, fs_backend **be, fs_err *e)
     c->sync_each = env_int("FLUX_SIM_GPU_SYNC", 0) != 0;
     c->cache = new fs_gpu_cache();
     c->cache->enabled = env_int("FLUX_SIM_GPU_CACHE", 1) != 0;
+    c->host_cache = new fs_gpu_cache();
     st = cudaSetDevice(c->device);
     if (st != cudaSuccess) {
         fs_errf(e, FS_E_INPUT, "--backend %s: cannot use device %d of %d (local rank %d): %s: %s", name, c->device, ndev,

@@ -203,14 +203,9 @@ int fs_gpu_gelu_tanh(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e
 
 /* ------------------------------------------------------------------ layernorm, rmsnorm */
 
-/* Statistics type: double for float32 and float64 (as the CPU accumulates), float32 for
- * bfloat16 (the bf16 contract: the op computes in float32). */
-template <typename S> struct gstat {
-    typedef double type;
-};
-template <> struct gstat<bf16_t> {
-    typedef float type;
-};
+/* Statistics (mean, variance, sum of squares) accumulate in double for every storage type, as
+ * the CPU kernels do (fs_kernels_cpu.inc; its bfloat16 path runs the float32 kernel on upcast
+ * values): mean and rstd are then rounded to the compute type, and the output computed in it. */
 
 /* Sum over the block (every thread calls it; the result is returned to all). sh: 33 slots. */
 template <typename V> __device__ V block_sum(V v, V *sh)
@@ -236,7 +231,7 @@ template <typename V> __device__ V block_sum(V v, V *sh)
 template <typename S> __global__ void k_layernorm(S *y, const S *x, int64_t D, double eps)
 {
     typedef typename gio<S>::acc A;
-    typedef typename gstat<S>::type V;
+    typedef double V; /* statistics */
     __shared__ V sh[33];
     const S *a = x + (int64_t)blockIdx.x * D;
     S *o = y + (int64_t)blockIdx.x * D;
@@ -259,7 +254,7 @@ int fs_gpu_layernorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, double ep
     if (x->ndim < 1) return bad(e, "layernorm", "x has no dimensions");
     const int64_t D = x->shape[x->ndim - 1], M = D ? gpu_numel(x) / D : 0;
     if (!M) return FS_OK;
-    if (M > 0x7fffffff) return bad(e, "layernorm", "more than 2^31 rows");
+    if (M > (1 << 24)) return bad(e, "layernorm", "more than 2^24 rows (HIP: grid × block < 2^32)");
     return gpu_dispatch(y->dtype, "layernorm", e, [&](auto t) {
         typedef typename decltype(t)::type S;
         auto k = &k_layernorm<S>;
@@ -274,7 +269,7 @@ int fs_gpu_layernorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, double ep
 template <typename S> __global__ void k_rmsnorm(S *y, const S *x, const S *w, int64_t M, int64_t Dh, double eps)
 {
     typedef typename gio<S>::acc A;
-    typedef typename gstat<S>::type V;
+    typedef double V; /* statistics */
     const int64_t row = (int64_t)blockIdx.x * (THREADS / RMS_LANES) + threadIdx.x / RMS_LANES;
     const int lane = (int)threadIdx.x % RMS_LANES;
     const bool live = row < M;
@@ -301,7 +296,7 @@ int fs_gpu_rmsnorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_te
     const int64_t M = n / Dh, rows_per_block = THREADS / RMS_LANES;
     if (!M) return FS_OK;
     const int64_t blocks = (M + rows_per_block - 1) / rows_per_block;
-    if (blocks > 0x7fffffff) return bad(e, "rmsnorm", "too many rows");
+    if (blocks > (1 << 24)) return bad(e, "rmsnorm", "more than 2^27 rows (HIP: grid × block < 2^32)");
     return gpu_dispatch(y->dtype, "rmsnorm", e, [&](auto t) {
         typedef typename decltype(t)::type S;
         auto k = &k_rmsnorm<S>;
