@@ -4,6 +4,9 @@
 #   make bench      benchmarks (not tests): see docs/performance.md
 #   make golden     regenerate golden/ (see golden/README.md)
 #   make matrix     regenerate docs/detection-matrix.md from real --inject runs
+#   make GPU=cuda   (or GPU=hip) the same with the GPU backend (docs/gpu.md)
+#   make GPU=cuda gpu-check    GPU conformance, layouts, --inject, bench (SKIPPED without a GPU)
+#   make GPU=cuda gpu-bundle   build/bundle: binaries + Open MPI runtime for a GPU machine
 # Dependencies come from pkg-config and mpicc; nothing is hard-coded.
 
 CC      := mpicc
@@ -143,7 +146,7 @@ $(B)/gpu_check: tests/gpu/gpu_check.c $(LIB) $(HDRS) $(GPU_HDRS)
 	$(CC) $(CFLAGS) $(GPU_DEFS) $< $(LIB) -o $@ $(LDLIBS)
 
 gpu-check: $(B)/flux-sim $(ORACLE_BIN) $(B)/gpu_check $(B)/bench_forward
-	@tools/gpu-check.sh
+	@BACKEND=$(or $(BACKEND),$(if $(filter hip,$(GPU)),hip,cuda)) tools/gpu-check.sh
 
 # flux-box: the four programs above in one executable (one copy of the static OpenBLAS/HDF5 in
 # the GPU bundle); each main compiled from its own source with -Dmain=NAME_main.

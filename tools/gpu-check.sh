@@ -15,7 +15,7 @@
 #   bundle/run.sh bundle/gpu-check.sh        from tools/gpu-bundle.sh's folder (PATH binaries)
 # Environment: BACKEND (cuda; hip for a HIP build), FLUX_REFERENCE_DIR (../shared/reference),
 # LOG (build/gpu-check.log, or gpu-check.log beside the bundle), QUICK=1 (steps 1-4 shortened,
-# no bench), MPIRUN (mpirun).
+# no bench), NO_BENCH=1 (steps 1-4 in full, no bench), MPIRUN (mpirun).
 set -u
 if [ -n "${FLUX_BUNDLE:-}" ]; then
   SIM=flux-sim ORACLE=flux-oracle CHECK=gpu_check BENCH=bench_forward INJ="$FLUX_BUNDLE/inject_check.sh"
@@ -154,7 +154,7 @@ else
 fi
 
 # 5. throughput
-if [ -z "${QUICK:-}" ]; then
+if [ -z "${QUICK:-}" ] && [ -z "${NO_BENCH:-}" ]; then
   echo "== 5. bench_forward (FLUX.1-dev width, 1 double + 1 single block, 1024 + 512 tokens)"
   for prec in fp32 bf16; do
     timeout 300 $BENCH --backend "$BACKEND" --precision $prec --reps 5 >"$T/b" 2>&1; rc=$?

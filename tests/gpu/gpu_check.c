@@ -945,8 +945,16 @@ static void t_memory(void)
                 for (size_t c = w; c < dp; c++)
                     if (o1[r * dp + c] != 0x5A) bad++;
         free(o1);
+        /* a pitched block into a dense one (dpitch == width < spitch): still row by row */
+        unsigned char *od = malloc(rows * w);
+        if (G->download2d(G, od, w, d1, dp, w, rows, &e)) bad++;
+        else
+            for (size_t r = 0; r < rows; r++)
+                for (size_t c = 0; c < w; c++)
+                    if (od[r * w + c] != h[r * hp + c]) bad++;
+        free(od);
         if (bad) fail_line("memory ops: %d bytes wrong after upload2d/copy2d/download2d/memset with pitches", bad);
-        else { n_pass++; printf("ok   memory: alloc, memset, upload2d, copy2d, download2d with 4 different pitches, byte for byte\n"); }
+        else { n_pass++; printf("ok   memory: alloc, memset, upload2d, copy2d, download2d with 5 different pitches (one dense side), byte for byte\n"); }
     }
     /* pinned host memory round trip, and a copy whose rows are contiguous (one 1-D copy) */
     const size_t big = (size_t)3 << 20;
