@@ -4,12 +4,22 @@
 #   make bench      benchmarks (not tests): see docs/performance.md
 #   make golden     regenerate golden/ (see golden/README.md)
 #   make matrix     regenerate docs/detection-matrix.md from real --inject runs
+#   make GPU=cuda   (or GPU=hip) the same with the GPU backend (docs/gpu.md)
+#   make GPU=cuda gpu-check    GPU conformance, layouts, --inject, bench (SKIPPED without a GPU)
+#   make GPU=cuda gpu-bundle   build/bundle: binaries + Open MPI runtime for a GPU machine
 # Dependencies come from pkg-config and mpicc; nothing is hard-coded.
 
 CC      := mpicc
 PKGS    := openblas hdf5-openmpi libcjson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+# STATIC_DEPS=1: OpenBLAS and HDF5 (with its szip/aec/zlib) from Debian's static archives, the
+# rest (MPI, cJSON, gfortran) dynamic: the binaries tools/gpu-bundle.sh carries to a machine
+# without those libraries (docs/gpu.md). Use with a separate build folder: B=build/static.
+ifeq ($(STATIC_DEPS),1)
+PKG_LIBS := $(shell pkg-config --libs-only-L $(PKGS)) -Wl,-Bstatic -lopenblas -lhdf5 -lsz -laec -lz -Wl,-Bdynamic \
+            -lmpi -lcjson -lgfortran -lpthread -ldl
+endif
 CMOCKA_CFLAGS := $(shell pkg-config --cflags cmocka)
 CMOCKA_LIBS   := $(shell pkg-config --libs cmocka)
 
@@ -19,6 +29,35 @@ CFLAGS  += -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -
 LDLIBS  := $(PKG_LIBS) -fopenmp -lm
 
 B := build
+
+# ---- GPU backend (docs/gpu.md): `make GPU=cuda` or `make GPU=hip`; plain `make` has none.
+# One CUDA C++ source (sim/gpu/*.cu) for both vendors; objects in build/gpu/, linked into
+# libfluxsim.a; sim/fs_backend.c gets -DFS_WITH_GPU (and -DFS_GPU_HIP) to know the names.
+GPU ?=
+ifeq ($(GPU),cuda)
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+GPU_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+GPU_CXX   := $(NVCC) -O2 -std=c++17 $(GPU_ARCH) -Xcompiler -fPIC -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+GPU_NOFMA := -fmad=false
+GPU_LIBS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+GPU_DEFS  := -DFS_WITH_GPU
+else ifeq ($(GPU),hip)
+HIPCC     ?= hipcc
+GPU_ARCH  ?= --offload-arch=gfx90a --offload-arch=gfx1030
+GPU_CXX   := $(HIPCC) -x hip $(GPU_ARCH) -std=c++17 -O2 -fPIC -Wall -Wextra -Wno-unused-parameter
+GPU_NOFMA := -ffp-contract=off
+GPU_LIBS  := -lamdhip64 -lstdc++
+GPU_DEFS  := -DFS_WITH_GPU -DFS_GPU_HIP
+else ifneq ($(GPU),)
+$(error GPU=$(GPU): expected GPU=cuda or GPU=hip (or nothing for the CPU-only build))
+endif
+GPU_OBJ  := $(if $(GPU),$(patsubst sim/gpu/%.cu,$(B)/gpu/%.o,$(wildcard sim/gpu/*.cu)))
+GPU_HDRS := $(wildcard sim/gpu/*.h) sim/fs_backend.h sim/fs_tensor.h sim/fs_common.h
+# The build flavour: switching between GPU=cuda, GPU=hip and none rebuilds what depends on it.
+GPU_STAMP := $(B)/.flavour-$(if $(GPU),$(GPU),cpu)
+LDLIBS    += $(GPU_LIBS)
+
 SIM_SRC    := $(filter-out sim/main_%.c,$(wildcard sim/*.c))
 ORACLE_SRC := $(filter-out oracle/main_%.c,$(wildcard oracle/*.c))
 LIB_OBJ    := $(patsubst %.c,$(B)/%.o,$(SIM_SRC) $(ORACLE_SRC))
@@ -30,7 +69,7 @@ TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 BENCH_SRC  := $(wildcard tools/bench_*.c)
 BENCH_BIN  := $(patsubst tools/%.c,$(B)/%,$(BENCH_SRC))
 
-.PHONY: all test unit integration bench golden matrix clean
+.PHONY: all test unit integration bench golden matrix clean gpu-check gpu-bundle
 ORACLE_MAIN := $(wildcard oracle/main_flux_oracle.c)
 ORACLE_BIN  := $(if $(ORACLE_MAIN),$(B)/flux-oracle)
 all: $(B)/flux-sim $(ORACLE_BIN) $(B)/make-checkpoint $(TEST_BIN) $(BENCH_BIN)
@@ -46,9 +85,23 @@ $(B)/%.o: %.c $(HDRS)
 RNG_CFLAGS := -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic
 $(B)/sim/fs_rng.o $(B)/sim/fs_weights_synth.o: CFLAGS += $(RNG_CFLAGS)
 
-$(LIB): $(LIB_OBJ)
+$(GPU_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.flavour-*
+	@touch $@
+
+$(B)/sim/fs_backend.o: CFLAGS += $(GPU_DEFS)
+$(B)/sim/fs_backend.o: $(GPU_STAMP)
+
+$(B)/gpu/%.o: sim/gpu/%.cu $(GPU_HDRS) $(GPU_STAMP)
+	@mkdir -p $(dir $@)
+	$(GPU_CXX) $(GPU_EXTRA) -Isim -c $< -o $@
+# element-wise ops mirror the CPU kernels' roundings: no fused multiply-adds there
+$(B)/gpu/fs_gpu_ops.o: GPU_EXTRA = $(GPU_NOFMA)
+
+$(LIB): $(LIB_OBJ) $(GPU_OBJ) $(GPU_STAMP)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ) $(GPU_OBJ)
 
 $(B)/flux-sim: $(B)/sim/main_flux_sim.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -65,7 +118,7 @@ $(B)/tests/%: tests/%.c $(LIB) $(HDRS) tests/test_util.h
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(CMOCKA_LIBS)
 
 $(B)/bench_%: tools/bench_%.c $(LIB) $(HDRS)
-	$(CC) $(CFLAGS) -O3 $< $(LIB) -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(GPU_DEFS) -O3 $< $(LIB) -o $@ $(LDLIBS)
 
 # Tests need the CLIs built first (integration tests call them).
 $(TEST_BIN): | $(B)/flux-sim $(ORACLE_BIN) $(B)/make-checkpoint
@@ -85,6 +138,38 @@ golden: $(B)/flux-sim
 matrix: all
 	@tools/detection-matrix.sh > docs/detection-matrix.md.tmp && mv docs/detection-matrix.md.tmp docs/detection-matrix.md
 	@echo "wrote docs/detection-matrix.md"
+
+# GPU conformance and runs (docs/gpu.md): per-op checks against the CPU backend, the reference
+# configs, the layout matrix and the --inject table through --backend cuda|hip, and the forward
+# throughput bench. Not part of `make test`; without a GPU it says SKIPPED and exits 0.
+$(B)/gpu_check: tests/gpu/gpu_check.c $(LIB) $(HDRS) $(GPU_HDRS)
+	$(CC) $(CFLAGS) $(GPU_DEFS) $< $(LIB) -o $@ $(LDLIBS)
+
+gpu-check: $(B)/flux-sim $(ORACLE_BIN) $(B)/gpu_check $(B)/bench_forward
+	@BACKEND=$(or $(BACKEND),$(if $(filter hip,$(GPU)),hip,cuda)) tools/gpu-check.sh
+
+# flux-box: the four programs above in one executable (one copy of the static OpenBLAS/HDF5 in
+# the GPU bundle); each main compiled from its own source with -Dmain=NAME_main.
+BOX_OBJ := $(B)/box/flux_sim.o $(B)/box/flux_oracle.o $(B)/box/gpu_check.o $(B)/box/bench_forward.o
+$(B)/box/flux_sim.o: sim/main_flux_sim.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Dmain=flux_sim_main -c $< -o $@
+$(B)/box/flux_oracle.o: oracle/main_flux_oracle.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Dmain=flux_oracle_main -c $< -o $@
+$(B)/box/gpu_check.o: tests/gpu/gpu_check.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_DEFS) -Dmain=gpu_check_main -c $< -o $@
+$(B)/box/bench_forward.o: tools/bench_forward.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_DEFS) -O3 -Dmain=bench_forward_main -c $< -o $@
+$(B)/flux-box: tools/flux_box.c $(BOX_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $< $(BOX_OBJ) $(LIB) -o $@ $(LDLIBS)
+
+# One relocatable folder (binaries + Open MPI runtime) for a GPU machine without MPI, OpenBLAS
+# or HDF5: tools/gpu-bundle.sh (OUT=dir, default build/bundle).
+gpu-bundle:
+	@GPU=$(GPU) tools/gpu-bundle.sh
 
 clean:
 	rm -rf $(B)

@@ -5,7 +5,14 @@
  * weights. Model FLOPs: every Linear 2·in·out per token (row), attention 4·S²·D per block.
  * The sgemm reference times cblas_sgemm alone on exactly the forward's Linear shapes
  * (M = rows, N = out, K = in) and its attention GEMM shapes, in the same process and run.
- * Prints medians over --reps runs (default 5) and the ratio; peak RSS from getrusage. */
+ * Prints medians over --reps runs (default 5) and the ratio; peak RSS from getrusage.
+ *
+ * --backend cuda|hip (a GPU build, docs/gpu.md) runs the same forward on the GPU, in fp32 or
+ * --precision bf16: weights and inputs uploaded first, each timed forward ends with the
+ * backend's sync. The GEMM reference is then the backend's own gemm on the same shapes (cuBLAS,
+ * or the tiled kernel with FLUX_SIM_GPU_GEMM=tiled), and both are reported against the GPU's
+ * peak for the precision: a datasheet figure looked up by device name (dense tensor-core bf16,
+ * non-tensor fp32; printed with its source), or --peak-tflops T. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +22,9 @@
 
 #include "fs_model.h"
 #include "fs_sampler.h"
+#ifdef FS_WITH_GPU
+#include "gpu/fs_backend_gpu.h"
+#endif
 
 static double now(void)
 {
@@ -36,16 +46,127 @@ static double median(double *v, int n)
 
 typedef struct shape { int64_t M, N, K, count; } shape;
 
+/* Datasheet peaks (TFLOP/s, dense: bf16 on tensor cores, fp32 without TF32), by device name.
+ * NVIDIA H100/H200/A100 and AMD MI250X/MI210 product pages; the first match wins. */
+static const struct peak { const char *name; double bf16, fp32; } peaks[] = {
+    {"H100 PCIe", 756, 51.2},  {"H100 NVL", 835, 60},      {"H100", 989.4, 66.9}, /* SXM: "H100 80GB HBM3" */
+    {"H200", 989.4, 66.9},     {"A100", 312, 19.5},        {"MI250X", 383, 47.9},
+    {"MI250", 362, 45.3},      {"MI210", 181, 22.6},
+};
+
+/* The GPU run: the forward on `be` in dt, the backend's gemm on the same shapes. */
+static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const fs_weights *w, const fs_inputs *in,
+                         const shape *lin, size_t nlin, int64_t S, int64_t D, int64_t F, double model_flops,
+                         double lin_flops, double attn_flops, int reps, double peak_arg, fs_err *e)
+{
+    const char *dtn = dt == FS_BF16 ? "bf16" : "fp32";
+    fs_weights won = {0};
+    fs_tensor hs = {0}, ehs = {0}, pp = {0};
+    const fs_tensor *src[3] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections};
+    fs_tensor *dst[3] = {&hs, &ehs, &pp};
+    double t0 = now();
+    int rc = fs_weights_on(w, be, &won, e);
+    for (int i = 0; i < 3 && !rc; i++)
+        if (!(rc = fs_tensor_alloc_on(dst[i], be, dt, src[i]->ndim, src[i]->shape, e))) rc = fs_tensor_upload(dst[i], src[i], e);
+    if (!rc) rc = be->sync(be, e);
+    const double t_up = now() - t0;
+    /* the backend's GEMM on the forward's shapes (attention's QKᵀ and PV per head included) */
+    void *A = NULL, *W = NULL, *C = NULL;
+    const size_t es = dt == FS_BF16 ? 2 : 4;
+    if (!rc) rc = be->alloc(be, es * (size_t)(S * (D + F)), &A, e);
+    if (!rc) rc = be->alloc(be, es * (size_t)(F * (D + F)), &W, e);
+    if (!rc) rc = be->alloc(be, es * (size_t)(S * (D + F)), &C, e);
+    if (!rc) rc = be->memset(be, A, 0x3C, es * (size_t)(S * (D + F)), e); /* 0x3C3C..: about 0.0115, not zeros */
+    if (!rc) rc = be->memset(be, W, 0x3C, es * (size_t)(F * (D + F)), e);
+    double *t_gemm = calloc((size_t)reps, sizeof(double)), *t_fwd = calloc((size_t)reps, sizeof(double));
+    for (int r = 0; r < reps + 1 && !rc; r++) { /* +1: the first run warms up (cuBLAS heuristics, allocator) */
+        double s = now();
+        for (size_t i = 0; i < nlin && !rc; i++)
+            for (int k = 0; k < lin[i].count && !rc; k++)
+                rc = be->gemm(be, dt, lin[i].M, lin[i].N, lin[i].K, A, lin[i].K, W, lin[i].K, NULL, C, lin[i].N, e);
+        for (int blk = 0; blk < 2 && !rc; blk++)
+            for (int h = 0; h < 24 && !rc; h++) {
+                rc = be->gemm(be, dt, S, S, 128, A, D, W, D, NULL, C, S, e);
+                if (!rc) rc = be->gemm(be, dt, S, 128, S, C, S, W, S, NULL, A, D, e);
+            }
+        if (!rc) rc = be->sync(be, e);
+        if (r) t_gemm[r - 1] = now() - s;
+    }
+    fs_model m = {.cfg = *c, .dtype = dt, .w = &won, .be = be};
+    double ts = ((double *)in->timesteps.data)[0], g = 3.5;
+    for (int r = 0; r < reps + 1 && !rc; r++) {
+        fs_tensor out = {0};
+        double s = now();
+        rc = fs_model_forward(&m, &hs, &ehs, &pp, &ts, &g, &in->img_ids, &in->txt_ids, &out, e);
+        if (!rc) rc = be->sync(be, e);
+        if (r) t_fwd[r - 1] = now() - s;
+        fs_tensor_free(&out);
+    }
+    if (!rc) {
+        const double mg = median(t_gemm, reps), mf = median(t_fwd, reps);
+        char desc[512] = "";
+#ifdef FS_WITH_GPU
+        fs_backend_gpu_describe(be, desc, sizeof desc);
+        const char *dev = fs_backend_gpu_device_name(be);
+#else
+        const char *dev = "";
+#endif
+        double peak = peak_arg;
+        const char *psrc = "--peak-tflops";
+        for (size_t i = 0; !peak && i < sizeof peaks / sizeof *peaks; i++)
+            if (strstr(dev, peaks[i].name)) {
+                peak = dt == FS_BF16 ? peaks[i].bf16 : peaks[i].fp32;
+                psrc = dt == FS_BF16 ? "datasheet, dense bf16 tensor cores" : "datasheet, fp32 without TF32";
+            }
+        printf("bench_forward: FLUX.1-dev width, 1 double + 1 single block, %lld tokens (image + text), %s, backend %s, "
+               "%d reps after 1 warm-up (medians)\n  device: %s\n",
+               (long long)S, dtn, be->name, reps, desc);
+        printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
+               lin_flops * 1e-9, attn_flops * 1e-9);
+        printf("  %s gemm on the same shapes %8.4f s  %8.1f TFLOP/s\n", be->name, mg, model_flops / mg * 1e-12);
+        printf("  flux-sim forward             %10.4f s  %8.1f TFLOP/s\n", mf, model_flops / mf * 1e-12);
+        printf("  forward / gemm               %10.1f %%\n", 100.0 * mg / mf);
+        if (peak > 0)
+            printf("  peak %s                   %10.1f TFLOP/s (%s): forward at %.1f %%, gemm at %.1f %%\n", dtn, peak,
+                   psrc, 100.0 * model_flops / mf * 1e-12 / peak, 100.0 * model_flops / mg * 1e-12 / peak);
+        else
+            printf("  peak %s: unknown for '%s' (pass --peak-tflops T)\n", dtn, dev);
+        printf("  upload of weights and inputs %10.3f s\n", t_up);
+    }
+    free(t_gemm);
+    free(t_fwd);
+    be->free(be, A);
+    be->free(be, W);
+    be->free(be, C);
+    fs_tensor_free(&hs);
+    fs_tensor_free(&ehs);
+    fs_tensor_free(&pp);
+    fs_weights_free(&won);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 5, bf16 = 0;
     int img_h = 32, img_w = 32, txt = 512;
+    const char *backend = "cpu";
+    fs_dtype dt = FS_F32;
+    double peak = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--small")) { img_h = 8; img_w = 8; txt = 64; }
-        else if (!strcmp(argv[i], "--bf16")) bf16 = 1;
-        else { fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16]\n"); return 2; }
+        else if (!strcmp(argv[i], "--bf16")) bf16 = 1; /* the cpu fp32 forward and the bf16 one, same run */
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
+            dt = !strcmp(argv[++i], "bf16") ? FS_BF16 : FS_F32;
+        else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16] [--backend NAME] [--precision fp32|bf16] "
+                            "[--peak-tflops T]\n");
+            return 2;
+        }
     }
+    if (reps < 1) reps = 1;
     fs_config c;
     fs_err e = {0};
     fs_config_preset(&c, "flux-dev", &e);
@@ -55,13 +176,16 @@ int main(int argc, char **argv)
 
     double t0 = now();
     fs_weights w;
-    if (fs_weights_synthetic(&w, &c, FS_F32, 0, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+    if (fs_weights_synthetic(&w, &c, dt, 0, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
     double t_w = now() - t0, wbytes = 0;
     for (int i = 0; i < w.n; i++) wbytes += (double)fs_tensor_nbytes(&w.t[i]);
     fs_gen_params gp = {.seed = 0, .batch = 1, .grid_h = img_h, .grid_w = img_w, .txt_len = txt, .steps = 1, .guidance = 3.5};
     fs_sched_preset(&gp.sched, "dev", &e);
     fs_inputs in;
-    if (fs_inputs_generate(&in, &c, FS_F32, &gp, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+    if (fs_inputs_generate(&in, &c, FS_F32, &gp, &e) || (dt != FS_F32 && fs_inputs_convert(&in, dt, &e))) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
 
     /* The forward's GEMMs: (M rows, N out, K in) x count. */
     const shape lin[] = {
@@ -76,6 +200,19 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) lin_flops += 2.0 * lin[i].M * lin[i].N * lin[i].K * lin[i].count;
     const double attn_flops = 2 * 4.0 * (double)S * S * D; /* 2 blocks */
     const double model_flops = lin_flops + attn_flops;
+
+    if (strcmp(backend, "cpu") || dt != FS_F32) {
+        fs_backend *be = NULL;
+        int rc = fs_backend_open(backend, &be, &e);
+        if (!rc)
+            rc = bench_backend(be, dt, &c, &w, &in, lin, sizeof lin / sizeof *lin, S, D, F, model_flops, lin_flops,
+                               attn_flops, reps, peak, &e);
+        if (rc) fprintf(stderr, "bench_forward: %s\n", e.msg);
+        fs_backend_close(be);
+        fs_inputs_free(&in);
+        fs_weights_free(&w);
+        return rc ? 2 : 0;
+    }
 
     /* sgemm reference on the same shapes, attention's QKᵀ and PV per head included */
     float *A = calloc((size_t)(S * (D + F)), sizeof(float)), *B = calloc((size_t)(F * (D + F)), sizeof(float)),
