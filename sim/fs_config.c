@@ -140,7 +140,7 @@ static int json_to_int(const cJSON *it, int *out)
 /* A number for an error message: JSON text is arbitrary, so print the value cJSON parsed. */
 static const char *num_str(const cJSON *it, char *buf, size_t n)
 {
-    if (cJSON_IsNumber(it)) snprintf(buf, n, "%.17g", it->valuedouble);
+    if (cJSON_IsNumber(it)) snprintf(buf, n, "%.15g", it->valuedouble);
     else snprintf(buf, n, "%s", cJSON_IsString(it) ? "a string" : cJSON_IsBool(it) ? "a boolean" :
                                 cJSON_IsArray(it) ? "an array" : cJSON_IsObject(it) ? "an object" : "not a number");
     return buf;
