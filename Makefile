@@ -77,3 +77,35 @@ matrix: all
 
 clean:
 	rm -rf $(B)
+
+# ---- fuzzing (tests/fuzz/README.md) -------------------------------------------------------
+# Every tests/fuzz/fuzz_*.c is a libFuzzer harness, built with clang against the library
+# compiled with clang, ASan, UBSan (no recovery: a report is a crash) and coverage, in build/fuzz/.
+# `make fuzz` runs each for FUZZ_SECONDS on its corpus tests/fuzz/corpus/<name>/ (new inputs go to
+# build/fuzz/work/<name>/, crashes to build/fuzz/artifacts/<name>/) and fails on any crash.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+FZ           := build/fuzz
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wno-unused-parameter -Wno-pass-failed \
+                -Isim -Ioracle $(PKG_CFLAGS) $(shell mpicc --showme:compile)
+FUZZ_LDLIBS  := $(PKG_LIBS) $(shell mpicc --showme:link) -fopenmp -lm
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FZ)/%,$(FUZZ_SRC))
+FUZZ_LIB     := $(FZ)/libfluxsim-fuzz.a
+
+$(FZ)/lib/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_LIB): $(patsubst %.c,$(FZ)/lib/%.o,$(SIM_SRC) $(ORACLE_SRC))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FZ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(HDRS) $(wildcard tests/fuzz/*.h)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(FUZZ_LDLIBS)
+
+.PHONY: fuzz fuzz-build
+fuzz-build: $(FUZZ_BIN)
+fuzz: fuzz-build
+	@tools/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
