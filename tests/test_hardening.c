@@ -10,6 +10,7 @@
 
 #include "fs_config.h"
 #include "fs_plan.h"
+#include "fs_safetensors.h"
 
 /* The 'tiny' reference config as JSON with one key replaced by `val` (raw JSON text). */
 static void json_with(char *buf, size_t n, const char *key, const char *val)
@@ -342,6 +343,32 @@ static void test_plan_width_digits(void **s)
     fs_plan_free(&p);
 }
 
+/* ---- safetensors (found by tests/fuzz/fuzz_safetensors.c) ---- */
+
+/* A header whose dtype or tensor name holds a newline or an escape: the error stays one line */
+static void test_safetensors_control_chars(void **s)
+{
+    char dir[64], path[256];
+    fs_test_tmpdir(dir, sizeof dir);
+    static const char *const hdrs[] = {
+        "{\"x\":{\"dtype\":\"F\n64\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+        "{\"a\\nb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+        "{\"a\\u001b[31mred\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+    };
+    for (size_t i = 0; i < FS_ARRAY_LEN(hdrs); i++) {
+        unsigned char buf[256];
+        uint64_t n = strlen(hdrs[i]);
+        memcpy(buf, &n, 8);
+        memcpy(buf + 8, hdrs[i], n);
+        memset(buf + 8 + n, 0, 4);
+        write_file(dir, "c.safetensors", buf, 8 + n + 4, path, sizeof path);
+        fs_st_file f;
+        fs_err e = {0};
+        assert_int_equal(fs_st_open(&f, path, &e), FS_E_INPUT);
+        if (strchr(e.msg, '\n') || strchr(e.msg, 0x1b)) fail_msg("header %zu: message not one clean line: %s", i, e.msg);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -359,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_plan_not_cut),
         cmocka_unit_test(test_plan_empty_and_binary),
         cmocka_unit_test(test_plan_width_digits),
+        cmocka_unit_test(test_safetensors_control_chars),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
