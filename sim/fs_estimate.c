@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -183,6 +184,32 @@ uint64_t fs_estimate_phys_mem(void)
     return mul((uint64_t)pages, (uint64_t)page);
 }
 
+/* A run in a container or under ulimit gets killed (or fails to allocate) at its limit, not at
+ * the machine's: the refusal must compare with the smallest limit that applies. */
+uint64_t fs_estimate_mem_limit(char *what, size_t n)
+{
+    uint64_t best = fs_estimate_phys_mem();
+    snprintf(what, n, "this machine has");
+    struct { int res; const char *name; } rl[] = {{RLIMIT_AS, "ulimit -v allows"}, {RLIMIT_DATA, "ulimit -d allows"}};
+    for (size_t i = 0; i < sizeof rl / sizeof *rl; i++) {
+        struct rlimit lim;
+        if (getrlimit(rl[i].res, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && (!best || lim.rlim_cur < best)) {
+            best = (uint64_t)lim.rlim_cur;
+            snprintf(what, n, "%s", rl[i].name);
+        }
+    }
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* cgroup v2; "max" means none */
+    unsigned long long cg;
+    if (f) {
+        if (fscanf(f, "%llu", &cg) == 1 && cg > 0 && (!best || cg < best)) {
+            best = cg;
+            snprintf(what, n, "the cgroup memory limit is");
+        }
+        fclose(f);
+    }
+    return best;
+}
+
 const char *fs_estimate_bytes_str(uint64_t n, char *buf, size_t len)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -212,9 +239,10 @@ static const char *grouped(uint64_t n, char *buf, size_t len)
     return buf;
 }
 
-int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, uint64_t disk_free,
-                      fs_err *e)
+int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, const char *mem_what,
+                      uint64_t disk_free, fs_err *e)
 {
+    if (!mem_what) mem_what = "this machine has";
     char need[32], have[32], a[32], b[32], who[96];
     const uint64_t ranks = r->ranks_per_machine > 1 ? (uint64_t)r->ranks_per_machine : 1;
     const uint64_t total = mul(est->rank_bytes, ranks);
@@ -228,16 +256,16 @@ int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t
         if (est->weight_bytes >= act && est->weight_bytes >= est->check_ref_bytes) {
             fs_estimate_bytes_str(mul(est->weight_bytes, ranks), need, sizeof need);
             return fs_errf(e, FS_E_INPUT,
-                           "--config %s: %s parameters need ~%s %s for weights in %s; this machine has %s", cfg,
+                           "--config %s: %s parameters need ~%s %s for weights in %s; %s %s", cfg,
                            grouped((uint64_t)est->params, a, sizeof a), need, per,
-                           r->dtype_size == 8 ? "fp64" : "fp32", have);
+                           r->dtype_size == 8 ? "fp64" : "fp32", mem_what, have);
         }
         if (est->check_ref_bytes >= act) {
             fs_estimate_bytes_str(est->check_ref_bytes, need, sizeof need);
             return fs_errf(e, FS_E_INPUT,
                            "--check: the single-rank reference of %d steps is kept in memory on rank 0 and needs ~%s; "
-                           "this machine has %s (use --check=REF.h5, or fewer --steps)",
-                           r->steps, need, have);
+                           "%s %s (use --check=REF.h5, or fewer --steps)",
+                           r->steps, need, mem_what, have);
         }
         fs_estimate_bytes_str(mul(act, ranks), need, sizeof need);
         const char *what = "image";
@@ -255,8 +283,8 @@ int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t
         }
         char bat[48] = "";
         if (r->batch > 1) snprintf(bat, sizeof bat, " at batch %d", r->batch);
-        return fs_errf(e, FS_E_INPUT, "%s: %s %s tokens%s need ~%s %s for activations; this machine has %s", who,
-                       grouped(tokens, b, sizeof b), what, bat, need, per, have);
+        return fs_errf(e, FS_E_INPUT, "%s: %s %s tokens%s need ~%s %s for activations; %s %s", who,
+                       grouped(tokens, b, sizeof b), what, bat, need, per, mem_what, have);
     }
     if (r->dump_path && !r->dump_compressed && disk_free != UINT64_MAX && est->dump_bytes > disk_free)
         return fs_errf(e, FS_E_INPUT, "--dump %s: the dump of %d steps will be ~%s; its file system has %s free",
@@ -282,6 +310,7 @@ int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     if (!out) out = &local;
     int rc = fs_estimate_compute(r, out, e);
     if (rc) return rc;
-    return fs_estimate_check(r, out, fs_estimate_phys_mem(), r->dump_path ? free_space_of(r->dump_path) : UINT64_MAX,
-                             e);
+    char what[64];
+    const uint64_t mem = fs_estimate_mem_limit(what, sizeof what);
+    return fs_estimate_check(r, out, mem, what, r->dump_path ? free_space_of(r->dump_path) : UINT64_MAX, e);
 }

@@ -103,15 +103,22 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
 /* Physical memory of this machine (sysconf), 0 if unknown. */
 uint64_t fs_estimate_phys_mem(void);
 
+/* The memory this process may use: the least of the physical memory, `ulimit -v` (RLIMIT_AS),
+ * `ulimit -d` (RLIMIT_DATA) and the cgroup v2 limit (/sys/fs/cgroup/memory.max). `what` receives
+ * the phrase the refusal ends with: "this machine has", "ulimit -v allows", "ulimit -d allows",
+ * "the cgroup memory limit is". 0 if nothing is known. */
+uint64_t fs_estimate_mem_limit(char *what, size_t n);
+
 /* The refusal itself, with the memory given (for tests): FS_E_INPUT when est->rank_bytes times
  * the ranks sharing the machine exceeds mem_bytes, or the uncompressed dump exceeds disk_free
  * (UINT64_MAX: unknown / not checked). The one line names the option behind the largest term, e.g.
  *   --grid 2000x2000: 4,000,000 image tokens need ~1.1 TiB per rank for activations; this machine has 24 GiB
- * mem_bytes 0 means unknown: no memory check. */
-int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, uint64_t disk_free,
-                      fs_err *e);
+ * mem_bytes 0 means unknown: no memory check. mem_what: the phrase before the amount (NULL:
+ * "this machine has"). */
+int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, const char *mem_what,
+                      uint64_t disk_free, fs_err *e);
 
-/* compute + check against fs_estimate_phys_mem() and the free space of the dump's directory:
+/* compute + check against fs_estimate_mem_limit() and the free space of the dump's directory:
  * the one call the CLI makes before allocating. */
 int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
 

@@ -4,6 +4,8 @@
 #include "test_util.h"
 
 #include <inttypes.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 
 #include "fo_dump.h"
 #include "fs_estimate.h"
@@ -138,7 +140,7 @@ static void test_saturates(void **s)
     r = req(&c, 8, 64, FS_MAX_IMG_TOKENS, FS_MAX_TXT_TOKENS, 1000000);
     assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
     assert_true(est.rank_bytes > ((uint64_t)1 << 50)); /* petabytes, not a wrapped small number */
-    assert_int_equal(fs_estimate_check(&r, &est, (uint64_t)1 << 40, UINT64_MAX, &e), FS_E_INPUT);
+    assert_int_equal(fs_estimate_check(&r, &est, (uint64_t)1 << 40, NULL, UINT64_MAX, &e), FS_E_INPUT);
 }
 
 static void test_invalid_request(void **s)
@@ -164,7 +166,7 @@ static void expect_refusal(fs_estimate_req *r, uint64_t mem, uint64_t disk, cons
     fs_estimate est;
     fs_err e = {0};
     assert_int_equal(fs_estimate_compute(r, &est, &e), 0);
-    int rc = fs_estimate_check(r, &est, mem, disk, &e);
+    int rc = fs_estimate_check(r, &est, mem, NULL, disk, &e);
     if (rc != FS_E_INPUT) fail_msg("not refused (rank %" PRIu64 " bytes, mem %" PRIu64 ")", est.rank_bytes, mem);
     if (strchr(e.msg, '\n') || !strstr(e.msg, w1) || (w2 && !strstr(e.msg, w2)))
         fail_msg("message '%s' lacks '%s' / '%s'", e.msg, w1, w2 ? w2 : "");
@@ -217,15 +219,56 @@ static void test_refusal_names_the_option(void **s)
     fs_estimate est;
     r.dump_compressed = 1;
     assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
-    assert_int_equal(fs_estimate_check(&r, &est, 0, 1 * GiB, NULL), 0);
+    assert_int_equal(fs_estimate_check(&r, &est, 0, NULL, 1 * GiB, NULL), 0);
     r = req(&dflt, 4, 1, 256, 32, 4);
     assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
-    assert_int_equal(fs_estimate_check(&r, &est, 8 * GiB, 100 * GiB, NULL), 0);
+    assert_int_equal(fs_estimate_check(&r, &est, 8 * GiB, NULL, 100 * GiB, NULL), 0);
     /* the demo run fits this machine (the call flux-sim makes) */
     r.dump_path = "/tmp/demo.h5";
     fs_err e = {0};
     if (fs_estimate_refuse(&r, NULL, &e)) fail_msg("demo refused: %s", e.msg);
     assert_true(fs_estimate_phys_mem() > 0);
+    char what[64];
+    assert_true(fs_estimate_mem_limit(what, sizeof what) <= fs_estimate_phys_mem());
+}
+
+/* Under `ulimit -v` the refusal compares with the limit and says so (a child process, so the
+ * limit does not stay on the test runner; skipped under ASan, which needs terabytes of address
+ * space) */
+static void test_mem_limit_rlimit(void **s)
+{
+    if (getenv("FLUX_SANITIZE")) FS_SKIP_LOUDLY("ASan reserves terabytes of address space; ulimit -v cannot apply");
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {.rlim_cur = 6ull << 30, .rlim_max = RLIM_INFINITY};
+        setrlimit(RLIMIT_AS, &rl);
+        char what[64], msg[1100];
+        uint64_t m = fs_estimate_mem_limit(what, sizeof what);
+        fs_config c;
+        fs_config_preset(&c, "default", NULL);
+        fs_estimate_req r = req(&c, 4, 1, 256, 1000000, 1);
+        fs_err e = {0};
+        int rc = fs_estimate_refuse(&r, NULL, &e);
+        snprintf(msg, sizeof msg, "%llu|%s|%d|%s", (unsigned long long)m, what, rc, e.msg);
+        ssize_t w = write(fd[1], msg, strlen(msg) + 1);
+        _exit(w > 0 ? 0 : 1);
+    }
+    close(fd[1]);
+    char buf[1200] = "";
+    ssize_t n = read(fd[0], buf, sizeof buf - 1);
+    close(fd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(n > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    print_message("      %s\n", buf);
+    unsigned long long m = strtoull(buf, NULL, 10);
+    if (!strstr(buf, "|2|--txt-len 1000000: 1,000,000 text tokens")) fail_msg("not refused: '%s'", buf);
+    /* a smaller cgroup limit or physical memory would rightly win over the 6 GiB ulimit */
+    if (m == (6ull << 30) && !strstr(buf, "ulimit -v allows|") && !strstr(buf, "; ulimit -v allows 6 GiB"))
+        fail_msg("the message does not name ulimit -v: '%s'", buf);
+    assert_true(m <= (6ull << 30));
 }
 
 static void test_bytes_str(void **s)
@@ -243,7 +286,7 @@ int main(void)
         cmocka_unit_test(test_dump_step_exact),     cmocka_unit_test(test_weights_exact),
         cmocka_unit_test(test_monotone_and_layouts), cmocka_unit_test(test_saturates),
         cmocka_unit_test(test_invalid_request),     cmocka_unit_test(test_refusal_names_the_option),
-        cmocka_unit_test(test_bytes_str),
+        cmocka_unit_test(test_bytes_str),           cmocka_unit_test(test_mem_limit_rlimit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
