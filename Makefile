@@ -7,6 +7,9 @@
 #   make GPU=cuda   (or GPU=hip) the same with the GPU backend (docs/gpu.md)
 #   make GPU=cuda gpu-check    GPU conformance, layouts, --inject, bench (SKIPPED without a GPU)
 #   make GPU=cuda gpu-bundle   build/bundle: binaries + Open MPI runtime for a GPU machine
+#   make fuzz       libFuzzer harnesses tests/fuzz/fuzz_*.c, FUZZ_SECONDS each (tests/fuzz/README.md)
+#   make sanitize   the test suite on an ASan + UBSan + LSan build in build-san/ (docs/reliability.md)
+#   make valgrind   memcheck of one single-rank run (tests/valgrind.sh)
 # Dependencies come from pkg-config and mpicc; nothing is hard-coded.
 
 CC      := mpicc
@@ -172,4 +175,53 @@ gpu-bundle:
 	@GPU=$(GPU) tools/gpu-bundle.sh
 
 clean:
-	rm -rf $(B)
+	rm -rf $(B) build-san
+
+# ---- fuzzing (tests/fuzz/README.md) -------------------------------------------------------
+# Every tests/fuzz/fuzz_*.c is a libFuzzer harness, built with clang against the library
+# compiled with clang, ASan, UBSan (no recovery: a report is a crash) and coverage, in build/fuzz/.
+# `make fuzz` runs each for FUZZ_SECONDS on its corpus tests/fuzz/corpus/<name>/ (new inputs go to
+# build/fuzz/work/<name>/, crashes to build/fuzz/artifacts/<name>/) and fails on any crash.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+FZ           := build/fuzz
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wno-unused-parameter -Wno-pass-failed \
+                -Isim -Ioracle $(PKG_CFLAGS) $(shell mpicc --showme:compile)
+FUZZ_LDLIBS  := $(PKG_LIBS) $(shell mpicc --showme:link) -fopenmp -lm
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FZ)/%,$(FUZZ_SRC))
+FUZZ_LIB     := $(FZ)/libfluxsim-fuzz.a
+
+$(FZ)/lib/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_LIB): $(patsubst %.c,$(FZ)/lib/%.o,$(SIM_SRC) $(ORACLE_SRC))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FZ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(HDRS) $(wildcard tests/fuzz/*.h)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_SAN) -fsanitize=fuzzer $< $(FUZZ_LIB) -o $@ $(FUZZ_LDLIBS)
+
+.PHONY: fuzz fuzz-build
+fuzz-build: $(FUZZ_BIN)
+fuzz: fuzz-build
+	@tools/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
+
+# ---- sanitizers (docs/reliability.md) -------------------------------------------------------
+# `make sanitize`: everything rebuilt with ASan + UBSan (and float-cast-overflow, which gcc's
+# -fsanitize=undefined leaves out) in build-san/, then the whole test suite run on those binaries
+# (tools/run-sanitize.sh: any ASan, UBSan or LeakSanitizer report fails it). ~18 minutes on 2 cores.
+# OPT, not CFLAGS: a command-line CFLAGS would replace -fopenmp -Isim ... (see CFLAGS above).
+SAN_B   := build-san
+SAN_OPT := -O1 -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer
+.PHONY: sanitize sanitize-build valgrind
+sanitize-build:
+	$(MAKE) B=$(SAN_B) OPT="$(SAN_OPT)" all
+sanitize: sanitize-build
+	@FLUX_BUILD=$(SAN_B) tools/run-sanitize.sh
+
+# valgrind of one single-rank run (memcheck, Open MPI suppressions): ~2 minutes, not in make test
+valgrind: $(B)/flux-sim
+	@FLUX_BUILD=$(B) bash tests/valgrind.sh

@@ -2,10 +2,15 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *const preset_names[] = {"default", "flux-dev", "flux-schnell", "tiny", "odd", NULL};
 
@@ -44,31 +49,101 @@ int fs_config_preset(fs_config *c, const char *name, fs_err *e)
     return FS_OK;
 }
 
+/* Closed form of fs_config_params' element count (the unit tests compare the two). */
+int64_t fs_config_num_params(const fs_config *c)
+{
+    const int64_t D = (int64_t)c->num_attention_heads * c->attention_head_dim, F = 4 * D,
+                  Dh = c->attention_head_dim;
+#define LIN(in, out) ((int64_t)(in) * (out) + (out))
+    int64_t top = LIN(c->in_channels, D) + LIN(c->joint_attention_dim, D) + LIN(256, D) + LIN(D, D) +
+                  (c->guidance_embeds ? LIN(256, D) + LIN(D, D) : 0) + LIN(c->pooled_projection_dim, D) + LIN(D, D);
+    int64_t dbl = 2 * LIN(D, 6 * D) + 8 * LIN(D, D) + 4 * Dh + 2 * (LIN(D, F) + LIN(F, D));
+    int64_t sgl = LIN(D, 3 * D) + 3 * LIN(D, D) + 2 * Dh + LIN(D, F) + LIN(D + F, D);
+    int64_t head = LIN(D, 2 * D) + LIN(D, (int64_t)c->patch_size * c->patch_size * c->out_channels);
+#undef LIN
+    return top + c->num_layers * dbl + c->num_single_layers * sgl + head;
+}
+
 int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
 {
-    struct { const char *k; int v; } pos[] = {
-        {"patch_size", c->patch_size}, {"in_channels", c->in_channels}, {"out_channels", c->out_channels},
-        {"attention_head_dim", c->attention_head_dim}, {"num_attention_heads", c->num_attention_heads},
-        {"joint_attention_dim", c->joint_attention_dim}, {"pooled_projection_dim", c->pooled_projection_dim},
+    /* Each size against its range first; only then derived sizes, which cannot overflow once
+     * their factors are in range (fs_config.h). */
+    struct { const char *k; int v, lo, hi; const char *flux; } lim[] = {
+        {"patch_size", c->patch_size, 1, 1, "1"},
+        {"in_channels", c->in_channels, 1, FS_CONFIG_MAX_WIDTH, "64"},
+        {"out_channels", c->out_channels, 1, FS_CONFIG_MAX_WIDTH, "64"},
+        {"num_layers", c->num_layers, 0, FS_CONFIG_MAX_LAYERS, "19"},
+        {"num_single_layers", c->num_single_layers, 0, FS_CONFIG_MAX_LAYERS, "38"},
+        {"attention_head_dim", c->attention_head_dim, 1, FS_CONFIG_MAX_HEAD_DIM, "128"},
+        {"num_attention_heads", c->num_attention_heads, 1, FS_CONFIG_MAX_HEADS, "24"},
+        {"joint_attention_dim", c->joint_attention_dim, 1, FS_CONFIG_MAX_WIDTH, "4096"},
+        {"pooled_projection_dim", c->pooled_projection_dim, 1, FS_CONFIG_MAX_WIDTH, "768"},
     };
-    for (size_t i = 0; i < FS_ARRAY_LEN(pos); i++)
-        if (pos[i].v <= 0) return fs_errf(e, FS_E_INPUT, "%s: config %s = %d, must be > 0", origin, pos[i].k, pos[i].v);
-    if (c->num_layers < 0 || c->num_single_layers < 0)
-        return fs_errf(e, FS_E_INPUT, "%s: config num_layers/num_single_layers must be >= 0", origin);
-    if (c->patch_size != 1)
-        return fs_errf(e, FS_E_INPUT, "%s: config patch_size = %d; FLUX.1 uses 1 and flux-sim supports only 1",
-                       origin, c->patch_size);
+    for (size_t i = 0; i < FS_ARRAY_LEN(lim); i++) {
+        if (lim[i].v >= lim[i].lo && lim[i].v <= lim[i].hi) continue;
+        if (!strcmp(lim[i].k, "patch_size"))
+            return fs_errf(e, FS_E_INPUT, "%s: config patch_size = %d; FLUX.1 uses 1 and flux-sim supports only 1",
+                           origin, c->patch_size);
+        if (lim[i].v < lim[i].lo)
+            return fs_errf(e, FS_E_INPUT, "%s: config %s = %d, must be >= %d", origin, lim[i].k, lim[i].v, lim[i].lo);
+        return fs_errf(e, FS_E_INPUT, "%s: config %s = %d exceeds flux-sim's limit of %d (FLUX.1 has %s)", origin,
+                       lim[i].k, lim[i].v, lim[i].hi, lim[i].flux);
+    }
+    /* The Euler update adds the transformer's output (out_channels per token) to the latents
+     * (in_channels per token) element by element: different widths would read past the end of
+     * the output, silently. FluxPipeline needs them equal; FLUX configs leave out_channels null. */
+    if (c->out_channels != c->in_channels)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: config out_channels = %d differs from in_channels = %d; the sampler adds the output to "
+                       "the latents, so they must be equal (or out_channels null)",
+                       origin, c->out_channels, c->in_channels);
+    if (c->guidance_embeds != 0 && c->guidance_embeds != 1)
+        return fs_errf(e, FS_E_INPUT, "%s: config guidance_embeds = %d, must be 0 or 1", origin, c->guidance_embeds);
     int sum = 0;
     for (int i = 0; i < FS_MAX_AXES; i++) {
-        if (c->axes_dims_rope[i] <= 0 || c->axes_dims_rope[i] % 2)
-            return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] = %d, must be positive and even", origin, i,
-                           c->axes_dims_rope[i]);
-        sum += c->axes_dims_rope[i];
+        const int a = c->axes_dims_rope[i];
+        if (a <= 0 || a % 2 || a > FS_CONFIG_MAX_HEAD_DIM)
+            return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] = %d, must be positive, even and <= %d", origin,
+                           i, a, FS_CONFIG_MAX_HEAD_DIM);
+        sum += a; /* <= 3 * 1024 */
     }
     if (sum != c->attention_head_dim)
         return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope sums to %d but attention_head_dim is %d", origin, sum,
                        c->attention_head_dim);
+    const int64_t hidden = (int64_t)c->num_attention_heads * c->attention_head_dim;
+    if (hidden > FS_CONFIG_MAX_WIDTH)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: config num_attention_heads x attention_head_dim = %d x %d = %lld hidden features exceeds "
+                       "flux-sim's limit of %d (FLUX.1 has 3072)",
+                       origin, c->num_attention_heads, c->attention_head_dim, (long long)hidden, FS_CONFIG_MAX_WIDTH);
+    const int64_t np = fs_config_num_params(c);
+    if (np > FS_CONFIG_MAX_PARAMS)
+        return fs_errf(e, FS_E_INPUT,
+                       "%s: config describes a model of %.3g parameters (hidden %lld, %d double + %d single blocks), "
+                       "above flux-sim's limit of %.0e (FLUX.1 has 1.19e10)",
+                       origin, (double)np, (long long)hidden, c->num_layers, c->num_single_layers,
+                       (double)FS_CONFIG_MAX_PARAMS);
     return FS_OK;
+}
+
+/* An integer-valued JSON number inside int. cJSON keeps numbers as doubles: "3.1e79", "1e999"
+ * (inf) or "8.9" must be refused here, since casting them to int is undefined or truncates. */
+static int json_to_int(const cJSON *it, int *out)
+{
+    if (!cJSON_IsNumber(it)) return 0;
+    const double d = it->valuedouble;
+    if (!(d >= (double)INT_MIN && d <= (double)INT_MAX) || d != floor(d)) return 0;
+    *out = (int)d;
+    return 1;
+}
+
+/* A number for an error message: JSON text is arbitrary, so print the value cJSON parsed. */
+static const char *num_str(const cJSON *it, char *buf, size_t n)
+{
+    if (cJSON_IsNumber(it)) snprintf(buf, n, "%.15g", it->valuedouble);
+    else snprintf(buf, n, "%s", cJSON_IsString(it) ? "a string" : cJSON_IsBool(it) ? "a boolean" :
+                                cJSON_IsArray(it) ? "an array" : cJSON_IsObject(it) ? "an object" : "not a number");
+    return buf;
 }
 
 static int json_int(const cJSON *root, const char *key, int *out, int required, const char *origin, fs_err *e)
@@ -78,19 +153,33 @@ static int json_int(const cJSON *root, const char *key, int *out, int required, 
         if (required) return fs_errf(e, FS_E_INPUT, "%s: config key '%s' missing", origin, key);
         return FS_OK;
     }
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
-        return fs_errf(e, FS_E_INPUT, "%s: config key '%s' is not an integer", origin, key);
-    *out = (int)it->valuedouble;
+    char nb[48];
+    if (!json_to_int(it, out))
+        return fs_errf(e, FS_E_INPUT, "%s: config key '%s' is %s, not an integer in the range of int", origin, key,
+                       num_str(it, nb, sizeof nb));
     return FS_OK;
+}
+
+/* A short printable excerpt for "malformed JSON near '...'": the text may hold newlines or
+ * binary bytes that must not turn a one-line error into several. */
+static const char *excerpt(const char *p, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (; p && *p && o + 1 < n && o < 20; p++) buf[o++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+    buf[o] = 0;
+    return buf;
 }
 
 int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_err *e)
 {
     memset(c, 0, sizeof *c);
-    cJSON *root = cJSON_Parse(json);
+    const char *at = NULL; /* not cJSON_GetErrorPtr(): a global */
+    /* require_null_terminated: text after the object (a concatenated or damaged file) is an error */
+    cJSON *root = cJSON_ParseWithOpts(json, &at, 1);
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        return fs_errf(e, FS_E_INPUT, "%s: malformed JSON near '%.20s'", origin, at ? at : "?");
+        char xb[32];
+        return fs_errf(e, FS_E_INPUT, "%s: malformed JSON %s%s%s", origin, at && *at ? "near '" : "(ends too early)",
+                       at && *at ? excerpt(at, xb, sizeof xb) : "", at && *at ? "'" : "");
     }
     int rc = FS_OK;
     if (!cJSON_IsObject(root)) {
@@ -126,11 +215,13 @@ int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_e
     }
     for (int i = 0; i < FS_MAX_AXES; i++) {
         const cJSON *v = cJSON_GetArrayItem(ax, i);
-        if (!cJSON_IsNumber(v)) {
-            rc = fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] is not a number", origin, i);
+        char nb[48];
+        /* not valueint: cJSON truncates 8.9 to 8 and saturates 1e99 there */
+        if (!json_to_int(v, &c->axes_dims_rope[i])) {
+            rc = fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] is %s, not an integer in the range of int",
+                         origin, i, num_str(v, nb, sizeof nb));
             goto out;
         }
-        c->axes_dims_rope[i] = v->valueint;
     }
     rc = fs_config_validate(c, origin, e);
 out:
@@ -138,26 +229,63 @@ out:
     return rc;
 }
 
+/* A config.json is a few hundred bytes; 1 MiB leaves room for any comment-heavy variant while
+ * keeping a wrong path (a checkpoint, /dev/zero) from being read into memory. */
+#define FS_CONFIG_MAX_FILE (1 << 20)
+
 int fs_config_from_file(fs_config *c, const char *path, fs_err *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open config: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (1 << 20)) {
-        fclose(f);
-        return fs_errf(e, FS_E_INPUT, "%s: config file size %ld is not plausible", path, n);
+    memset(c, 0, sizeof *c);
+    /* O_NONBLOCK: a FIFO named by mistake must fail the regular-file check, not hang open() */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open config: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return fs_errf(e, FS_E_IO, "%s: cannot stat config: %s", path, strerror(err));
     }
-    char *buf = malloc((size_t)n + 1);
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: config is %s, not a regular file", path,
+                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
+    }
+    if (st.st_size > FS_CONFIG_MAX_FILE) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: config file is %lld bytes; a config.json is at most %d bytes", path,
+                       (long long)st.st_size, FS_CONFIG_MAX_FILE);
+    }
+    char *buf = malloc((size_t)st.st_size + 2);
     if (!buf) {
-        fclose(f);
-        return fs_errf(e, FS_E_NOMEM, "out of memory");
+        close(fd);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory reading config", path);
     }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = 0;
-    int rc = fs_config_from_json(c, buf, path, e);
+    /* read one byte more than stat said: a file that grew meanwhile is noticed, not cut */
+    size_t got = 0, want = (size_t)st.st_size + 1;
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int err = errno;
+            close(fd);
+            free(buf);
+            return fs_errf(e, FS_E_IO, "%s: cannot read config: %s", path, strerror(err));
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    int rc;
+    if (got != (size_t)st.st_size)
+        rc = fs_errf(e, FS_E_IO, "%s: config changed size while being read (%lld bytes, then %zu)", path,
+                     (long long)st.st_size, got);
+    else if (memchr(buf, 0, got))
+        rc = fs_errf(e, FS_E_INPUT, "%s: config holds a NUL byte at offset %zu: not a JSON text file", path,
+                     (size_t)((char *)memchr(buf, 0, got) - buf));
+    else {
+        buf[got] = 0;
+        rc = fs_config_from_json(c, buf, path, e);
+    }
     free(buf);
     return rc;
 }

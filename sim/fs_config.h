@@ -23,7 +23,24 @@ typedef struct fs_config {
     int axes_dims_rope[FS_MAX_AXES];
 } fs_config;
 
-/* Derived sizes. */
+/* Plausibility limits, checked by fs_config_validate (and so for every config.json, every dump's
+ * `config` attribute and every preset) before anything is sized from a config.
+ *
+ * Why these numbers: FLUX.1 has 19 + 38 blocks, 24 heads of 128, widths <= 4096 and 1.19e10
+ * parameters. Each limit is far above any FLUX-shaped model and low enough that every size the
+ * code derives from a config fits an `int` with room to spare: hidden = heads x head_dim <= 2^20,
+ * the MLP width 4·hidden <= 2^22, single-block proj_out's input hidden + MLP <= 5·2^20, AdaLN's
+ * 6·hidden < 2^23; a Linear's element count <= 5·2^40 fits int64. The parameter cap (10^12, 4 TB
+ * in fp32: 84 times FLUX.1, more than any one machine holds) makes a config that would have
+ * flux-sim generate or zero-fill terabytes fail at once, naming the key, instead of after minutes
+ * of work or with an out-of-memory message that names nothing. */
+#define FS_CONFIG_MAX_LAYERS   1024          /* num_layers, num_single_layers */
+#define FS_CONFIG_MAX_HEADS    1024          /* num_attention_heads */
+#define FS_CONFIG_MAX_HEAD_DIM 1024          /* attention_head_dim (= sum of axes_dims_rope) */
+#define FS_CONFIG_MAX_WIDTH    (1 << 20)     /* in/out_channels, joint/pooled dims, hidden size */
+#define FS_CONFIG_MAX_PARAMS   1000000000000LL
+
+/* Derived sizes (int is safe for every config fs_config_validate accepts: see the limits above). */
 static inline int fs_config_hidden(const fs_config *c) { return c->num_attention_heads * c->attention_head_dim; }
 static inline int fs_config_mlp_hidden(const fs_config *c) { return 4 * fs_config_hidden(c); }
 /* proj_out width: patch_size² · out_channels */
@@ -35,8 +52,13 @@ int fs_config_from_file(fs_config *c, const char *path, fs_err *e);
 /* Preset names: "default", "flux-dev", "flux-schnell", plus the reference shapes "tiny" and "odd". */
 int fs_config_preset(fs_config *c, const char *name, fs_err *e);
 const char *const *fs_config_preset_names(void); /* NULL-terminated */
-/* Checks the invariants the model relies on (axes sum to head dim, even axes, positive sizes). */
+/* Checks the invariants the model relies on (axes sum to head dim, even axes, positive sizes)
+ * and the plausibility limits above. Never computes a derived size before its factors are known
+ * to be in range, so it is safe on any struct, however filled. */
 int fs_config_validate(const fs_config *c, const char *origin, fs_err *e);
+/* Number of parameters (elements of every tensor of fs_config_params), in closed form; exact for
+ * a config fs_config_validate accepts. */
+int64_t fs_config_num_params(const fs_config *c);
 /* JSON in diffusers' keys (caller frees with free()). */
 char *fs_config_to_json(const fs_config *c);
 

@@ -2,10 +2,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The FLUX.1 tensor-parallel plan: Megatron-style, as in diffusers' _tp_plan and
  * ../shared/seeds/000. This text is the one place that says how a block is split. */
@@ -48,12 +51,14 @@ const char *fs_tp_style_name(fs_tp_style s)
     }
 }
 
+/* "3072", "D", "4D". At most 9 digits: with hidden <= 2^20 (fs_config.h) a width k·D then stays
+ * below 2^50 and the sum of two widths cannot overflow int64 (fs_weights adds them). */
 static int valid_width(const char *s)
 {
     if (!*s) return 0;
     const char *p = s;
     while (isdigit((unsigned char)*p)) p++;
-    return !*p || !strcmp(p, "D"); /* "3072", "D", "4D" */
+    return p - s <= 9 && (!*p || !strcmp(p, "D"));
 }
 
 int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
@@ -109,8 +114,8 @@ int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
             *comma = 0;
             if (!valid_width(args) || !valid_width(comma + 1) || strlen(args) >= 16 || strlen(comma + 1) >= 16) {
                 fs_plan_free(p);
-                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise widths '%s,%s' must be integers or kD", origin,
-                               lineno, args, comma + 1);
+                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise widths '%s,%s' must be integers or kD (at most "
+                                              "9 digits)", origin, lineno, args, comma + 1);
             }
             strcpy(r.split[0], args);
             strcpy(r.split[1], comma + 1);
@@ -134,16 +139,71 @@ int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
     return FS_OK;
 }
 
+/* The built-in plan is 2 KB; 1 MiB is room for any hand-written plan (thousands of rules) and
+ * keeps a wrong path (a checkpoint, /dev/zero) from being read. A longer file is refused, never
+ * cut: a cut plan silently loses its last rules (seed 000's proj_out rule among them). */
+#define FS_PLAN_MAX_FILE (1 << 20)
+
 int fs_plan_load(fs_plan *p, const char *path, fs_err *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open plan: %s", path, strerror(errno));
-    char *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!buf) return fs_errf(e, FS_E_NOMEM, "out of memory");
-    buf[n] = 0;
-    int rc = fs_plan_parse(p, buf, path, e);
+    memset(p, 0, sizeof *p);
+    /* O_NONBLOCK: a FIFO named by mistake must fail the regular-file check, not hang open() */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open plan: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return fs_errf(e, FS_E_IO, "%s: cannot stat plan: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: plan is %s, not a regular file", path,
+                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
+    }
+    if (st.st_size > FS_PLAN_MAX_FILE) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: plan file is %lld bytes; a plan is at most %d bytes", path,
+                       (long long)st.st_size, FS_PLAN_MAX_FILE);
+    }
+    char *buf = malloc((size_t)st.st_size + 2);
+    if (!buf) {
+        close(fd);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory reading plan", path);
+    }
+    /* one byte more than stat said: a file that grew meanwhile is noticed, not cut */
+    size_t got = 0, want = (size_t)st.st_size + 1;
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int err = errno;
+            close(fd);
+            free(buf);
+            return fs_errf(e, FS_E_IO, "%s: cannot read plan: %s", path, strerror(err));
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    int rc;
+    const char *nul = memchr(buf, 0, got);
+    if (got != (size_t)st.st_size)
+        rc = fs_errf(e, FS_E_IO, "%s: plan changed size while being read (%lld bytes, then %zu)", path,
+                     (long long)st.st_size, got);
+    else if (nul) /* the parser stops at a NUL: the rules after it would be dropped silently */
+        rc = fs_errf(e, FS_E_INPUT, "%s: plan holds a NUL byte at offset %zu: not a text file", path,
+                     (size_t)(nul - buf));
+    else {
+        buf[got] = 0;
+        rc = fs_plan_parse(p, buf, path, e);
+        /* a plan that splits nothing runs "tp N" as N replicas and --check says OK: almost
+         * certainly the wrong file, so it is an error, not a plan */
+        if (!rc && p->n == 0) {
+            fs_plan_free(p);
+            rc = fs_errf(e, FS_E_INPUT, "%s: plan has no rules (only blank lines and comments)", path);
+        }
+    }
     free(buf);
     return rc;
 }

@@ -61,6 +61,16 @@ static const char *excerpt(const char *p, const char *end, char *buf, size_t n)
     return buf;
 }
 
+/* Names and dtypes come from the file and end up in error messages, which must stay one line:
+ * a name with a newline or an escape sequence (found by tests/fuzz/fuzz_safetensors.c) is refused
+ * where it is read, and printed through excerpt() when it is. */
+static int has_control_char(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
+    return 0;
+}
+
 static int cmp_entry_name(const void *a, const void *b)
 {
     return strcmp(((const fs_st_entry *)a)->name, ((const fs_st_entry *)b)->name);
@@ -105,9 +115,11 @@ static int parse_entry(const char *path, const cJSON *it, fs_st_entry *en, uint6
             en->dtype = (fs_st_dtype)k;
             found = 1;
         }
-    if (!found)
-        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': unsupported dtype '%.32s' (flux-sim reads F32, F64, BF16, F16)",
-                       path, nm, dt->valuestring);
+    if (!found) {
+        char xb[32];
+        return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': unsupported dtype '%s' (flux-sim reads F32, F64, BF16, F16)",
+                       path, nm, excerpt(dt->valuestring, dt->valuestring + strlen(dt->valuestring), xb, sizeof xb));
+    }
 
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
     if (!sh) return fs_errf(e, FS_E_INPUT, "%s: tensor '%s': no shape in header entry", path, nm);
@@ -206,6 +218,12 @@ static int parse_header(fs_st_file *f, fs_err *e)
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!it->string) continue; /* cannot happen for an object member */
         if (!strcmp(it->string, "__metadata__")) continue; /* free-form string map; not ours */
+        if (has_control_char(it->string)) {
+            char xb[32];
+            rc = fs_errf(e, FS_E_INPUT, "%s: tensor name '%s' holds control characters", path,
+                         excerpt(it->string, it->string + strlen(it->string), xb, sizeof xb));
+            goto out;
+        }
         fs_st_entry *en = &f->ent[f->n];
         if (!(en->name = strdup(it->string))) {
             rc = fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
@@ -413,7 +431,13 @@ static int open_index(fs_st_archive *a, const char *index, fs_err *e)
         goto out;
     }
     for (const cJSON *it = wm->child; it; it = it->next) {
-        if (!cJSON_IsString(it) || !*it->valuestring) {
+        if (has_control_char(it->string)) {
+            char xb[32];
+            rc = fs_errf(e, FS_E_INPUT, "%s: weight_map: tensor name '%s' holds control characters", index,
+                         excerpt(it->string, it->string + strlen(it->string), xb, sizeof xb));
+            goto out;
+        }
+        if (!cJSON_IsString(it) || !*it->valuestring || has_control_char(it->valuestring)) {
             rc = fs_errf(e, FS_E_INPUT, "%s: weight_map entry for tensor '%s' is not a file name", index, it->string);
             goto out;
         }

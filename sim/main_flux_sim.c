@@ -4,11 +4,14 @@
  * Exit codes, the same on every rank: 0 success (and --check agrees), 1 --check found a
  * divergence, 2 usage or input error (one line on stderr naming file, tensor and cause; no
  * output file left behind). */
+#include <ctype.h>
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
 #include <getopt.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 #include "fs_debug.h"
 #include "fs_comm.h"
 #include "fs_dump.h"
+#include "fs_estimate.h"
 #include "fs_gather.h"
 #include "fs_model.h"
 #include "fs_pipeline.h"
@@ -62,11 +66,11 @@ static void usage(FILE *f)
             "  --inputs DUMP.h5      replay the config, inputs, sigmas and timesteps of a flux-dump (e.g. one\n"
             "                        written by PyTorch on a GPU); excludes the generator options below\n"
             "  --seed N              seed of the generated noise / text embeddings [0]\n"
-            "  --grid HxW            image token grid (a 16H x 16W pixel image) [16x16]\n"
-            "  --txt-len N           text tokens [32]\n"
-            "  --batch N             batch size [1]\n"
-            "  --steps N             denoising steps [4]\n"
-            "  --guidance G          guidance scale, for configs with a guidance embedder [3.5]\n"
+            "  --grid HxW            image token grid (a 16H x 16W pixel image; H*W <= 4194304) [16x16]\n"
+            "  --txt-len N           text tokens (<= 4194304) [32]\n"
+            "  --batch N             batch size, 1 to 64 [1]\n"
+            "  --steps N             denoising steps, 1 to 1000000 [4]\n"
+            "  --guidance G          guidance scale, for configs with a guidance embedder; |G| <= 10000 [3.5]\n"
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"
@@ -102,13 +106,14 @@ static void usage(FILE *f)
             "                        flux-oracle consistency\n"
             "  --dump-compress L     shuffle+deflate level 0-9 for a single-rank dump [0: none; activations are\n"
             "                        noise-like: level 1 saves ~10-20%% of disk and writes several times slower]\n"
-            "  --threads N           OpenBLAS and OpenMP threads per rank [all cores for one rank, 1 per\n"
-            "                        rank when several ranks share the machine]\n"
+            "  --threads N           OpenBLAS and OpenMP threads per rank, 1 to 4096 [all cores for one rank,\n"
+            "                        1 per rank when several ranks share the machine]\n"
             "  -q, --quiet           print nothing but errors\n"
             "  -h, --help            this help;  -V, --version\n"
             "\n"
             "Exit status (same on every rank): 0 success / --check agrees, 1 --check diverged, 2 error\n"
-            "(usage, input, I/O; one line on stderr).\n"
+            "(usage, input, I/O; one line on stderr). A run that cannot fit this machine's memory is refused\n"
+            "before it allocates, naming the option that made it too big.\n"
             "Docs: README.md, docs/dump-format.md.\n");
 }
 
@@ -125,24 +130,89 @@ typedef struct opts {
     int gen_opt_given;
 } opts;
 
+/* Option values are parsed strictly: digits only (strtol/strtoull alone would accept leading
+ * blanks, a sign that wraps, or a value out of range with errno = ERANGE saturated silently). */
 static int parse_u64(const char *s, const char *opt, uint64_t *out, fs_err *e)
 {
     char *end;
+    errno = 0;
     unsigned long long v = strtoull(s, &end, 0);
-    if (!*s || *end || s[0] == '-') return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a non-negative integer", opt, s);
+    if (!isdigit((unsigned char)s[0]) || *end)
+        return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a non-negative integer", opt, s);
+    if (errno == ERANGE) return fs_errf(e, FS_E_INPUT, "%s: '%s' does not fit in 64 bits", opt, s);
     *out = v;
+    return FS_OK;
+}
+
+/* An integer in [lo, hi]; `why` (may be NULL) says where the upper limit comes from. */
+static int parse_int_in(const char *s, const char *opt, int lo, int hi, const char *why, int *out, fs_err *e)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))) || *end)
+        return fs_errf(e, FS_E_INPUT, "%s: '%s' is not an integer", opt, s);
+    if (errno == ERANGE || v < lo || v > hi)
+        return fs_errf(e, FS_E_INPUT, "%s: %s is out of range: must be %d to %d%s%s", opt, s, lo, hi, why ? "; " : "",
+                       why ? why : "");
+    *out = (int)v;
     return FS_OK;
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out, fs_err *e)
 {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > 1000000)
-        return fs_errf(e, FS_E_INPUT, "%s: '%s' is not an integer >= %d", opt, s, lo);
-    *out = (int)v;
-    return FS_OK;
+    return parse_int_in(s, opt, lo, 1000000, NULL, out, e);
 }
+
+/* --threads: the same fixed limit on every rank (a limit derived from this machine's CPUs could
+ * differ between the nodes of one job). 4096 is above the hardware threads of any node flux-sim
+ * targets and starts fine; 32768 makes libgomp fail thread creation (it exits 1, the divergence
+ * code) and 10^6 overflows its stack. A limit on the user's processes is lower still. */
+#define FS_MAX_THREADS 4096
+
+static int parse_threads(const char *s, int *out, fs_err *e)
+{
+    int rc = parse_int_in(s, "--threads", 1, FS_MAX_THREADS, "more threads than any machine has cores only slow "
+                                                             "the run down", out, e);
+    struct rlimit rl;
+    if (!rc && getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && geteuid() != 0 &&
+        (rlim_t)*out >= rl.rlim_cur)
+        rc = fs_errf(e, FS_E_INPUT, "--threads: %d threads exceed this user's process limit (ulimit -u %llu)", *out,
+                     (unsigned long long)rl.rlim_cur);
+    return rc;
+}
+
+/* --grid HxW: two positive integers and nothing else; the product is computed in 64 bits and
+ * capped (FS_MAX_IMG_TOKENS) before anything is sized from it. */
+static int parse_grid(const char *s, int *h, int *w, fs_err *e)
+{
+    const char *p = s;
+    long long v[2];
+    for (int i = 0; i < 2; i++) {
+        if (!isdigit((unsigned char)*p)) goto bad;
+        char *end;
+        errno = 0;
+        v[i] = strtoll(p, &end, 10);
+        if (errno == ERANGE || v[i] < 1) goto bad;
+        p = end;
+        if (i == 0 && *p++ != 'x') goto bad;
+    }
+    if (*p) goto bad;
+    if (v[0] > FS_MAX_IMG_TOKENS || v[1] > FS_MAX_IMG_TOKENS || v[0] * v[1] > FS_MAX_IMG_TOKENS)
+        return fs_errf(e, FS_E_INPUT, "--grid %s: %.0f image tokens; flux-sim runs at most %d (2048x2048 tokens, a "
+                                      "32768x32768-pixel image; FLUX.1 at 1024x1024 pixels is 64x64)",
+                       s, (double)v[0] * (double)v[1], FS_MAX_IMG_TOKENS);
+    *h = (int)v[0];
+    *w = (int)v[1];
+    return FS_OK;
+bad:
+    return fs_errf(e, FS_E_INPUT, "--grid: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", s);
+}
+
+/* --guidance: diffusers scales it by 1000 and feeds it to a float32 sinusoid; beyond 1e4 the
+ * argument (1e7) has no fractional bits left in float32 and the embedding is noise. FLUX.1-dev
+ * uses 3.5. */
+#define FS_MAX_GUIDANCE 1e4
 
 static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
@@ -208,19 +278,25 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_DUMP_STEPS: o->dump_steps = optarg; break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
-        case O_GRID:
-            if (sscanf(optarg, "%dx%d", &o->gen.grid_h, &o->gen.grid_w) != 2 || o->gen.grid_h < 1 || o->gen.grid_w < 1)
-                rc = fs_errf(e, FS_E_INPUT, "--grid: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", optarg);
+        case O_GRID: rc = parse_grid(optarg, &o->gen.grid_h, &o->gen.grid_w, e); o->gen_opt_given = 1; break;
+        case O_TXT:
+            rc = parse_int_in(optarg, "--txt-len", 1, FS_MAX_TXT_TOKENS, "T5 gives FLUX.1 at most 512", &o->gen.txt_len, e);
             o->gen_opt_given = 1;
             break;
-        case O_TXT: rc = parse_int(optarg, "--txt-len", 1, &o->gen.txt_len, e); o->gen_opt_given = 1; break;
-        case O_BATCH: rc = parse_int(optarg, "--batch", 1, &o->gen.batch, e); o->gen_opt_given = 1; break;
+        case O_BATCH:
+            /* refused here, not at step 0 after the inputs and the dump file exist */
+            rc = parse_int_in(optarg, "--batch", 1, FS_MAX_BATCH, "the model supports at most 64", &o->gen.batch, e);
+            o->gen_opt_given = 1;
+            break;
         case O_STEPS: rc = parse_int(optarg, "--steps", 1, &o->gen.steps, e); o->gen_opt_given = 1; break;
         case O_GUID: {
             char *end;
             o->gen.guidance = strtod(optarg, &end);
-            if (!*optarg || *end || !isfinite(o->gen.guidance))
+            if (!*optarg || isspace((unsigned char)*optarg) || *end || !isfinite(o->gen.guidance))
                 rc = fs_errf(e, FS_E_INPUT, "--guidance: '%s' is not a number", optarg);
+            else if (fabs(o->gen.guidance) > FS_MAX_GUIDANCE)
+                rc = fs_errf(e, FS_E_INPUT, "--guidance: %s is not a plausible guidance scale (|g| <= %g; FLUX.1-dev "
+                                            "uses 3.5)", optarg, FS_MAX_GUIDANCE);
             o->gen_opt_given = 1;
             break;
         }
@@ -243,7 +319,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             }
             rc = fs_inject_add(&o->inject, optarg, e);
             break;
-        case O_THREADS: rc = parse_int(optarg, "--threads", 1, &o->threads, e); break;
+        case O_THREADS: rc = parse_threads(optarg, &o->threads, e); break;
         case O_COMPRESS:
             rc = parse_int(optarg, "--dump-compress", 0, &o->compress, e);
             if (!rc && o->compress > 9) rc = fs_errf(e, FS_E_INPUT, "--dump-compress: %d is not a level 0-9", o->compress);
@@ -267,7 +343,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_RTOLMAX: {
             char *end;
             double v = strtod(optarg, &end);
-            if (!*optarg || *end || !(v > 0))
+            if (!*optarg || *end || !(v > 0) || !isfinite(v))
                 rc = fs_errf(e, FS_E_INPUT, "%s: '%s' is not a positive number", ch == O_RTOL ? "--rtol" : "--rtol-max",
                              optarg);
             if (ch == O_RTOL) o->rtol = v;

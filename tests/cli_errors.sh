@@ -3,7 +3,7 @@
 # tensor / cause, and leave no output file (not even a temporary) behind.
 set -u
 cd "$(dirname "$0")/.."
-SIM=build/flux-sim
+SIM=${FLUX_BUILD:-build}/flux-sim
 T=$(mktemp -d /tmp/fluxsim-cli-XXXXXX)
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 pass=0; fail=0

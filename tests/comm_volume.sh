@@ -9,7 +9,7 @@ pass=0; fail=0
 for L in "2|--tp 2" "3|--tp 3" "2|--ulysses 2" "3|--ulysses 3" "2|--ring 2" "3|--ring 3 --ring-rotate p2p" \
          "4|--ulysses 2 --ring 2" "4|--tp 2 --ring 2 --ring-rotate p2p"; do
   n=${L%%|*}; args=${L#*|}
-  out=$(timeout 300 mpirun -np "$n" build/flux-sim --config odd --batch 2 --grid 5x7 --txt-len 13 --steps 2 --comm-stats -q $args 2>&1)
+  out=$(timeout 300 mpirun -np "$n" ${FLUX_BUILD:-build}/flux-sim --config odd --batch 2 --grid 5x7 --txt-len 13 --steps 2 --comm-stats -q $args 2>&1)
   printf '%s\n' "$out" >/tmp/fluxsim-comm-stats.$$
   if /usr/bin/python3 - /tmp/fluxsim-comm-stats.$$ "$n" $args <<'PY'
 import sys, re

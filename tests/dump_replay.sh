@@ -7,7 +7,7 @@
 #  3. a run killed with SIGKILL mid-dump leaves no file at the --dump path.
 set -u
 cd "$(dirname "$0")/.."
-SIM=build/flux-sim
+SIM=${FLUX_BUILD:-build}/flux-sim
 T=$(mktemp -d /tmp/fluxsim-replay-XXXXXX)
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 pass=0; fail=0

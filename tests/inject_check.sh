@@ -46,12 +46,12 @@ CASES=(
   "nan-rank:0:single_transformer_blocks.2.attn:0|2|--ring 2|0 single_transformer_blocks.2.attn held by rank(s) 0;"
 )
 # seq-uneven-chunk only shows when the sequence does not divide: 16 image + 8 text over 2 ranks
-out=$(timeout 300 mpirun -np 2 build/flux-sim --grid 4x4 --txt-len 8 --steps 2 --check -q --ring 2 --inject seq-uneven-chunk 2>&1)
+out=$(timeout 300 mpirun -np 2 ${FLUX_BUILD:-build}/flux-sim --grid 4x4 --txt-len 8 --steps 2 --check -q --ring 2 --inject seq-uneven-chunk 2>&1)
 if [ $? -eq 0 ] && grep -q "check: OK" <<<"$out"; then pass=$((pass + 1)); echo "ok   seq-uneven-chunk, 16+8 tokens over ring 2 (even): --check passes"
 else fail=$((fail + 1)); echo "FAIL seq-uneven-chunk on an even split should not diverge"; fi
 for c in "${CASES[@]}"; do
   IFS='|' read -r bug n layout want <<<"$c"
-  out=$(timeout 300 mpirun -np "$n" build/flux-sim --grid 5x7 --txt-len 13 --steps 2 --check -q $layout --inject "$bug" 2>&1)
+  out=$(timeout 300 mpirun -np "$n" ${FLUX_BUILD:-build}/flux-sim --grid 5x7 --txt-len 13 --steps 2 --check -q $layout --inject "$bug" 2>&1)
   rc=$?
   tag="$bug under $layout"
   if [ "$want" = ok ]; then
@@ -67,17 +67,17 @@ for c in "${CASES[@]}"; do
   fi
 done
 # a nan-rank spec that never fires is an error, not a clean pass
-out=$(timeout 300 mpirun -np 2 build/flux-sim --grid 5x7 --txt-len 13 --steps 1 --check -q --tp 2 --inject nan-rank:1:no.such.module:0 2>&1); rc=$?
+out=$(timeout 300 mpirun -np 2 ${FLUX_BUILD:-build}/flux-sim --grid 5x7 --txt-len 13 --steps 1 --check -q --tp 2 --inject nan-rank:1:no.such.module:0 2>&1); rc=$?
 if [ $rc -eq 2 ] && grep -q "never fired" <<<"$out"; then pass=$((pass + 1)); echo "ok   nan-rank naming no module of the run: exit 2, 'never fired'"
 else fail=$((fail + 1)); echo "FAIL bad nan-rank spec: exit $rc"; fi
 # the offline path: flux-sim's own per-rank dumps through flux-oracle consistency
 T=$(mktemp -d /tmp/fluxsim-inj-XXXXXX)
-timeout 300 mpirun -np 4 build/flux-sim --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --ring 2 --dump-per-rank "$T/ok" >/dev/null 2>&1
-timeout 300 mpirun -np 2 build/flux-sim --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --inject missing-allreduce --dump-per-rank "$T/bad" >/dev/null 2>&1
-build/flux-oracle consistency "$T"/ok/rank_*.h5 >"$T/log" 2>&1; rc=$?
+timeout 300 mpirun -np 4 ${FLUX_BUILD:-build}/flux-sim --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --ring 2 --dump-per-rank "$T/ok" >/dev/null 2>&1
+timeout 300 mpirun -np 2 ${FLUX_BUILD:-build}/flux-sim --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --inject missing-allreduce --dump-per-rank "$T/bad" >/dev/null 2>&1
+${FLUX_BUILD:-build}/flux-oracle consistency "$T"/ok/rank_*.h5 >"$T/log" 2>&1; rc=$?
 if [ $rc -eq 0 ]; then pass=$((pass + 1)); echo "ok   flux-oracle consistency: clean per-rank dumps (tp 2 x ring 2) agree"
 else fail=$((fail + 1)); echo "FAIL consistency on clean per-rank dumps: exit $rc"; tail -3 "$T/log"; fi
-build/flux-oracle consistency "$T"/bad/rank_*.h5 >"$T/log" 2>&1; rc=$?
+${FLUX_BUILD:-build}/flux-oracle consistency "$T"/bad/rank_*.h5 >"$T/log" 2>&1; rc=$?
 if [ $rc -eq 1 ] && grep -q "first divergence: step 0 transformer_blocks.0.attn.to_out.0" "$T/log" && grep -q "rank 1 disagrees with rank 0" "$T/log"; then
   pass=$((pass + 1)); echo "ok   flux-oracle consistency: missing-allreduce per-rank dumps → step 0 transformer_blocks.0.attn.to_out.0, rank 1"
 else fail=$((fail + 1)); echo "FAIL consistency on missing-allreduce dumps: exit $rc"; tail -5 "$T/log"; fi

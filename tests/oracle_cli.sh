@@ -16,8 +16,8 @@
 # Without ../shared/reference everything here is SKIPPED, loudly.
 set -u
 cd "$(dirname "$0")/.."
-OR=${OR:-build/flux-oracle}
-SIM=build/flux-sim
+OR=${OR:-${FLUX_BUILD:-build}/flux-oracle}
+SIM=${FLUX_BUILD:-build}/flux-sim
 PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 T=$(mktemp -d /tmp/fluxsim-oracle-XXXXXX)

@@ -15,7 +15,7 @@
 # is not in tools/install-deps.sh).
 set -u
 cd "$(dirname "$0")/.."
-OR=build/flux-oracle
+OR=${FLUX_BUILD:-build}/flux-oracle
 PY=/usr/bin/python3
 T=$(mktemp -d /tmp/fluxsim-torchdump-XXXXXX)
 pass=0; fail=0

@@ -6,8 +6,10 @@
 set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+# make sanitize: LeakSanitizer cannot work under ptrace (it aborts at exit); ASan and UBSan still do
+[ -n "${FLUX_SANITIZE:-}" ] && export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 timeout 300 mpirun --oversubscribe -np 2 \
   gdb -q -batch -x tools/flux-sim.gdb \
       -ex run -ex fs-divergence -ex fs-where -ex "up 4" -ex "info args" \
-      --args build/flux-sim --tp 2 --grid 5x7 --txt-len 13 --steps 2 --check -q \
+      --args ${FLUX_BUILD:-build}/flux-sim --tp 2 --grid 5x7 --txt-len 13 --steps 2 --check -q \
              --inject missing-allreduce --break-on-divergence

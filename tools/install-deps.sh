@@ -12,6 +12,8 @@ PKGS=(
   python3-h5py python3-numpy       # tools/ scripts and cross-checks of dumps
   gdb                              # tools/flux-sim.gdb, the debugging walkthrough test
   python3-torch                    # tools/torch_dump.py's test (PyTorch forward hooks → flux-dump)
+  clang libclang-rt-14-dev libomp-dev  # make fuzz: libFuzzer harnesses (clang's -fopenmp needs libomp)
+  valgrind                         # make valgrind / make sanitize: tests/valgrind.sh
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -2,8 +2,15 @@
 # Runs every test: the cmocka unit/integration programs (build/tests/test_*) and the shell
 # integration tests (tests/*.sh). Prints each result and a closing "N passed, N failed" line;
 # exits non-zero if anything failed. Run from the repo root (make test does).
+#   FLUX_BUILD=DIR      binaries from DIR instead of build/ (make sanitize: build-san); the shell
+#                       tests honour it too
+#   FLUX_TEST_EXCLUDE   space-separated test names not to run; each is printed as SKIPPED
+#   FLUX_TEST_ONLY      space-separated test names: run only these (make sanitize's second pass)
+# tests/valgrind.sh is not run here: it takes minutes (make valgrind, make sanitize).
 set -u
 cd "$(dirname "$0")/.."
+B=${FLUX_BUILD:-build}
+export FLUX_BUILD=$B
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
@@ -15,10 +22,18 @@ if [ ! -d "$ref" ]; then
   echo "=================================================================="
 fi
 pass=0; fail=0; skipped=0; failed=()
-logdir=build/test-logs; mkdir -p "$logdir"
-for t in build/tests/test_* tests/*.sh; do
+logdir=$B/test-logs; mkdir -p "$logdir"
+excluded=0
+for t in "$B"/tests/test_* tests/*.sh; do
   [ -x "$t" ] || [ "${t##*.}" = sh ] || continue
   name=$(basename "$t")
+  [ "$name" = valgrind.sh ] && continue
+  if [ -n "${FLUX_TEST_ONLY:-}" ] && [[ " $FLUX_TEST_ONLY " != *" $name "* ]]; then continue; fi
+  if [[ " ${FLUX_TEST_EXCLUDE:-} " == *" $name "* ]]; then
+    excluded=$((excluded + 1))
+    printf "%-28s *** SKIPPED (FLUX_TEST_EXCLUDE) — this test did NOT run ***\n" "$name"
+    continue
+  fi
   log="$logdir/$name.log"
   start=$(date +%s%N)
   if [ "${t##*.}" = sh ]; then bash "$t" >"$log" 2>&1; rc=$?; else "$t" >"$log" 2>&1; rc=$?; fi
@@ -39,5 +54,5 @@ for n in "${failed[@]:-}"; do
   tail -n 40 "$logdir/$n.log"
 done
 echo
-echo "$pass passed, $fail failed"
+if [ $excluded -gt 0 ]; then echo "$pass passed, $fail failed, $excluded excluded"; else echo "$pass passed, $fail failed"; fi
 [ $fail -eq 0 ]

@@ -1,0 +1,316 @@
+#include "fs_estimate.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+/* Saturating arithmetic: a request of 64 x 2^23 tokens x 10^6 steps must report "more than
+ * anything", never wrap around to a small number that passes the check. */
+static uint64_t add(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t mul(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t mul3(uint64_t a, uint64_t b, uint64_t c) { return mul(mul(a, b), c); }
+static uint64_t max2(uint64_t a, uint64_t b) { return a > b ? a : b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Elements of a Linear [out, in] with bias, split by the built-in TP plan's style. */
+typedef enum { REP, COL, ROW } split;
+static uint64_t lin(uint64_t in, uint64_t out, split s, uint64_t T)
+{
+    switch (s) {
+    case COL: return add(mul(in, out / T), out / T); /* rows and bias rows split */
+    case ROW: return add(mul(in / T, out), out);     /* columns split, bias whole (added once) */
+    default: return add(mul(in, out), out);
+    }
+}
+
+/* This rank's weight elements under the built-in plan (fs_plan.c's default_plan): attention
+ * q/k/v and MLP up-projections colwise, out-projections rowwise, single-block proj_out packed
+ * rowwise; everything else replicated. */
+static uint64_t weight_elems(const fs_config *c, uint64_t T)
+{
+    const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
+                   Dh = (uint64_t)c->attention_head_dim;
+    uint64_t top = add(add(lin((uint64_t)c->in_channels, D, REP, 1), lin((uint64_t)c->joint_attention_dim, D, REP, 1)),
+                       add(lin(256, D, REP, 1), lin(D, D, REP, 1)));
+    if (c->guidance_embeds) top = add(top, add(lin(256, D, REP, 1), lin(D, D, REP, 1)));
+    top = add(top, add(lin((uint64_t)c->pooled_projection_dim, D, REP, 1), lin(D, D, REP, 1)));
+    uint64_t dbl = mul(2, lin(D, 6 * D, REP, 1));                          /* norm1, norm1_context */
+    dbl = add(dbl, mul(6, lin(D, D, COL, T)));                             /* to_q/k/v, add_q/k/v_proj */
+    dbl = add(dbl, mul(2, lin(D, D, ROW, T)));                             /* to_out.0, to_add_out */
+    dbl = add(dbl, 4 * Dh);                                                /* QK norms */
+    dbl = add(dbl, mul(2, add(lin(D, F, COL, T), lin(F, D, ROW, T))));     /* ff, ff_context */
+    uint64_t sgl = add(lin(D, 3 * D, REP, 1), mul(3, lin(D, D, COL, T)));
+    sgl = add(sgl, add(2 * Dh, lin(D, F, COL, T)));
+    sgl = add(sgl, lin(D + F, D, ROW, T));                                 /* packed rowwise: columns split */
+    uint64_t head = add(lin(D, 2 * D, REP, 1), lin(D, (uint64_t)c->out_channels, REP, 1));
+    return add(add(top, head), add(mul((uint64_t)c->num_layers, dbl), mul((uint64_t)c->num_single_layers, sgl)));
+}
+
+/* Elements of every dataset one step of a full dump records (global shapes). Mirrors what
+ * fs_model.c and fs_sampler.c record; tests/test_estimate.c checks it against a real dump. */
+static uint64_t dump_step_elems(const fs_config *c, uint64_t B, uint64_t Si, uint64_t St)
+{
+    const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
+                   Dh = (uint64_t)c->attention_head_dim, S = Si + St, Cin = (uint64_t)c->in_channels,
+                   Cout = (uint64_t)c->out_channels;
+    uint64_t n = mul3(B, Si, Cin);                                  /* latents_in */
+    n = add(n, mul3(B, Si, D));                                     /* x_embedder */
+    n = add(n, mul3(B, St, D));                                     /* context_embedder */
+    uint64_t temb = add(256, 4 * D);                                /* time_proj + timestep_embedder (4) */
+    if (c->guidance_embeds) temb = add(temb, add(256, 4 * D));      /* time_proj@1 + guidance_embedder */
+    temb = add(temb, 5 * D);                                        /* text_embedder (4) + time_text_embed */
+    n = add(n, mul(B, temb));
+    n = add(n, mul3(2, S, Dh));                                     /* pos_embed#0, #1 */
+    /* double block: 11 vectors per stream (AdaLN silu, linear (6D), chunks #1..#4); image stream
+     * 14 [Si, D] + 3 [Si, F], text stream 13 [St, D] + 3 [St, F] (see the list in the header) */
+    uint64_t dbl = add(mul(B, 22 * D), add(mul(mul(B, Si), add(14 * D, 3 * F)), mul(mul(B, St), add(13 * D, 3 * F))));
+    /* single block: silu, linear (3D), chunk #1; 10 [S, D] + 2 [S, F] */
+    uint64_t sgl = add(mul(B, 5 * D), mul(mul(B, S), add(10 * D, 2 * F)));
+    n = add(n, add(mul((uint64_t)c->num_layers, dbl), mul((uint64_t)c->num_single_layers, sgl)));
+    n = add(n, add(mul(B, 3 * D), mul3(2, mul(B, Si), D)));         /* norm_out: silu, linear, norm, out */
+    n = add(n, mul3(B, Si, Cout));                                  /* proj_out */
+    n = add(n, mul3(B, Si, Cin));                                   /* latents_out */
+    return n;
+}
+
+int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
+{
+    memset(out, 0, sizeof *out);
+    if (!r->cfg) return fs_errf(e, FS_E_INPUT, "estimate: no config");
+    int rc = fs_config_validate(r->cfg, r->config_src ? r->config_src : "config", e);
+    if (rc) return rc;
+    if (r->dtype_size != 4 && r->dtype_size != 8)
+        return fs_errf(e, FS_E_INPUT, "estimate: dtype size %d is not 4 or 8", r->dtype_size);
+    if (r->batch < 1 || r->img_tokens < 0 || r->txt_tokens < 0 || r->steps < 0 || r->tp < 0 || r->ulysses < 0 ||
+        r->ring < 0 || r->threads < 0)
+        return fs_errf(e, FS_E_INPUT, "estimate: batch %d, tokens %" PRId64 " + %" PRId64 ", steps %d, tp %d, ulysses %d, "
+                                      "ring %d, threads %d: none may be negative, batch >= 1",
+                       r->batch, r->img_tokens, r->txt_tokens, r->steps, r->tp, r->ulysses, r->ring, r->threads);
+    const fs_config *c = r->cfg;
+    const uint64_t es = (uint64_t)r->dtype_size, B = (uint64_t)r->batch;
+    const int64_t tp = r->tp ? r->tp : 1, U = r->ulysses ? r->ulysses : 1, R = r->ring ? r->ring : 1, sp = U * R;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const uint64_t threads = r->threads ? (uint64_t)r->threads : (uint64_t)(ncpu > 0 ? ncpu : 1);
+    const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
+                   Dh = (uint64_t)c->attention_head_dim, Dl = D / (uint64_t)tp, Fl = F / (uint64_t)tp;
+    /* this rank's tokens: the largest chunk of the balanced split (fs_par_set_seq) */
+    const uint64_t Si = (uint64_t)ceil_div(r->img_tokens, sp), St = (uint64_t)ceil_div(r->txt_tokens, sp),
+                   S = Si + St, Sg = (uint64_t)r->img_tokens + (uint64_t)r->txt_tokens;
+    out->tokens_rank = (int64_t)S;
+    out->params = fs_config_num_params(c);
+
+    out->weight_bytes = mul(weight_elems(c, r->full_weights ? 1 : (uint64_t)tp), es);
+
+    /* fs_inputs (whole on every rank): noise, text embeddings, pooled, ids (f64), guidance,
+     * sigmas, timesteps; the sampler's latents, this rank's slice and the velocity */
+    const uint64_t Sig = (uint64_t)r->img_tokens, Stg = (uint64_t)r->txt_tokens, Cin = (uint64_t)c->in_channels;
+    uint64_t in = mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
+                          mul(B, (uint64_t)c->pooled_projection_dim)), es);
+    in = add(in, mul3(Sg, 3, 8));
+    in = add(in, mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8));
+    in = add(in, mul(add(mul3(2, B, mul(Sig, Cin)), mul3(B, Si, Cin)), es)); /* latents, v (global); slice */
+    out->input_bytes = in;
+
+    /* persistent: X, CX, temb, ids (f64), cos/sin; H from the first single block on */
+    const uint64_t pers_dbl = add(mul(add(mul3(B, S, D), mul(B, D)), es), add(mul3(S, 3, 8), mul(mul3(2, S, Dh), es)));
+    const uint64_t pers_sgl = add(pers_dbl, mul(mul3(B, S, D), es));
+
+    /* attention scratch: one [256, Skv] score block per thread, plus SP buffers */
+    const uint64_t Skv = R > 1 ? (uint64_t)ceil_div((int64_t)Sg, R) : (U > 1 ? Sg : S);
+    uint64_t scratch = mul(mul3(threads, 256, Skv ? Skv : 1), es);
+    uint64_t spbuf = 0;
+    if (U > 1) spbuf = add(spbuf, mul(mul3(6, B, S), Dl)); /* q, k, v, o head-sharded + a2a send/recv */
+    if (R > 1) {
+        const uint64_t Su = mul(S, (uint64_t)U), h_dh = Dl / (uint64_t)U; /* ring runs on the Ulysses layout */
+        spbuf = add(spbuf, add(mul3(B, Su, h_dh), mul3(2, B, mul(Su, h_dh / Dh)))); /* partial output, two LSEs */
+        spbuf = add(spbuf, r->ring_p2p ? mul(mul3(4, B, ceil_div((int64_t)Sg, R)), h_dh) : mul(mul3(2, B, Sg), h_dh));
+    }
+    scratch = add(scratch, mul(spbuf, es));
+    out->attn_scratch_bytes = scratch;
+
+    /* double block: attention phase vs the text-MLP phase (header) */
+    const uint64_t mods = mul3(12, B, D);
+    uint64_t dbl_attn = add(mul3(B, S, add(D, 5 * Dl)), mul3(B, S, 4 * Dl));
+    dbl_attn = add(mul(add(dbl_attn, mods), es), scratch);
+    uint64_t dbl_mlp = add(mul3(B, S, add(5 * D, 6 * Dl)), mul3(B, S, 4 * Dl));
+    dbl_mlp = add(dbl_mlp, add(mul3(B, max2(Si, St), 2 * Fl), mods));
+    out->act_double_bytes = max2(dbl_attn, mul(dbl_mlp, es));
+    /* single block: attention phase vs its end */
+    uint64_t sgl_attn = mul(add(mul3(B, S, add(add(D, 2 * Fl), 6 * Dl)), mul3(3, B, D)), es);
+    sgl_attn = add(sgl_attn, scratch);
+    uint64_t sgl_end = mul(add(mul3(B, S, add(add(3 * D, 3 * Fl), 7 * Dl)), mul3(3, B, D)), es);
+    out->act_single_bytes = max2(sgl_attn, sgl_end);
+    out->act_persistent_bytes = pers_dbl;
+    out->act_peak_bytes = max2(add(pers_dbl, out->act_double_bytes), add(pers_sgl, out->act_single_bytes));
+
+    out->dump_step_bytes = mul(dump_step_elems(c, B, Sig, Stg), es);
+    const uint64_t dump_inputs = add(mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
+                                             mul(B, (uint64_t)c->pooled_projection_dim)), es),
+                                     add(mul3(Sg, 3, 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
+    out->dump_bytes = add(add(mul((uint64_t)r->steps, out->dump_step_bytes), dump_inputs), mul3(B, Sig, mul(Cin, es)));
+    /* --check in this job: rank 0 stores every reference tensor of every step, in the run dtype */
+    if (r->check_in_job) out->check_ref_bytes = mul((uint64_t)r->steps, out->dump_step_bytes);
+    /* parallel recording: rank 0 assembles the widest global tensor ([B, S, F]); --check also
+     * holds the reference and the assembled tensor as float64 */
+    if (r->recording && (tp > 1 || sp > 1)) {
+        const uint64_t widest = mul3(B, Sg, F);
+        out->gather_bytes = add(mul(widest, es), r->check ? mul3(2, widest, 8) : 0);
+    }
+    out->rank_bytes = add(add(out->weight_bytes, out->input_bytes),
+                          add(out->act_peak_bytes, add(out->check_ref_bytes, out->gather_bytes)));
+    return FS_OK;
+}
+
+uint64_t fs_estimate_phys_mem(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    return mul((uint64_t)pages, (uint64_t)page);
+}
+
+/* A run in a container or under ulimit gets killed (or fails to allocate) at its limit, not at
+ * the machine's: the refusal must compare with the smallest limit that applies. */
+uint64_t fs_estimate_mem_limit(char *what, size_t n)
+{
+    uint64_t best = fs_estimate_phys_mem();
+    snprintf(what, n, "this machine has");
+    struct { int res; const char *name; } rl[] = {{RLIMIT_AS, "ulimit -v allows"}, {RLIMIT_DATA, "ulimit -d allows"}};
+    for (size_t i = 0; i < sizeof rl / sizeof *rl; i++) {
+        struct rlimit lim;
+        if (getrlimit(rl[i].res, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && (!best || lim.rlim_cur < best)) {
+            best = (uint64_t)lim.rlim_cur;
+            snprintf(what, n, "%s", rl[i].name);
+        }
+    }
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* cgroup v2; "max" means none */
+    unsigned long long cg;
+    if (f) {
+        if (fscanf(f, "%llu", &cg) == 1 && cg > 0 && (!best || cg < best)) {
+            best = cg;
+            snprintf(what, n, "the cgroup memory limit is");
+        }
+        fclose(f);
+    }
+    return best;
+}
+
+const char *fs_estimate_bytes_str(uint64_t n, char *buf, size_t len)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0) snprintf(buf, len, "%" PRIu64 " B", n);
+    else if (v >= 99.95 || (double)(int64_t)(v * 10 + 0.5) == 10 * (double)(int64_t)(v + 0.05))
+        snprintf(buf, len, "%.0f %s", v, unit[u]); /* "24 GiB", not "24.0 GiB" */
+    else snprintf(buf, len, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+/* 4000000 -> "4,000,000" */
+static const char *grouped(uint64_t n, char *buf, size_t len)
+{
+    char d[32];
+    int k = snprintf(d, sizeof d, "%" PRIu64, n), o = 0;
+    for (int i = 0; i < k && (size_t)o + 2 < len; i++) {
+        if (i && (k - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = d[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, const char *mem_what,
+                      uint64_t disk_free, fs_err *e)
+{
+    if (!mem_what) mem_what = "this machine has";
+    char need[32], have[32], a[32], b[32], who[96];
+    const uint64_t ranks = r->ranks_per_machine > 1 ? (uint64_t)r->ranks_per_machine : 1;
+    const uint64_t total = mul(est->rank_bytes, ranks);
+    if (mem_bytes && total > mem_bytes) {
+        fs_estimate_bytes_str(mem_bytes, have, sizeof have);
+        char per[64] = "per rank";
+        if (ranks > 1) snprintf(per, sizeof per, "per rank (%" PRIu64 " ranks on this machine)", ranks);
+        const uint64_t act = add(est->act_peak_bytes, est->input_bytes);
+        const char *cfg = r->config_src ? r->config_src : "default";
+        /* the largest term decides which option the message names */
+        if (est->weight_bytes >= act && est->weight_bytes >= est->check_ref_bytes) {
+            fs_estimate_bytes_str(mul(est->weight_bytes, ranks), need, sizeof need);
+            return fs_errf(e, FS_E_INPUT,
+                           "--config %s: %s parameters need ~%s %s for weights in %s; %s %s", cfg,
+                           grouped((uint64_t)est->params, a, sizeof a), need, per,
+                           r->dtype_size == 8 ? "fp64" : "fp32", mem_what, have);
+        }
+        if (est->check_ref_bytes >= act) {
+            fs_estimate_bytes_str(est->check_ref_bytes, need, sizeof need);
+            return fs_errf(e, FS_E_INPUT,
+                           "--check: the single-rank reference of %d steps is kept in memory on rank 0 and needs ~%s; "
+                           "%s %s (use --check=REF.h5, or fewer --steps)",
+                           r->steps, need, mem_what, have);
+        }
+        fs_estimate_bytes_str(mul(act, ranks), need, sizeof need);
+        const char *what = "image";
+        uint64_t tokens = (uint64_t)r->img_tokens;
+        if (r->inputs_src) {
+            snprintf(who, sizeof who, "--inputs %.60s", r->inputs_src);
+            tokens = (uint64_t)(r->img_tokens + r->txt_tokens);
+            what = "image + text";
+        } else if (r->img_tokens >= r->txt_tokens) {
+            snprintf(who, sizeof who, "--grid %dx%d", r->grid_h, r->grid_w);
+        } else {
+            snprintf(who, sizeof who, "--txt-len %" PRId64, r->txt_tokens);
+            tokens = (uint64_t)r->txt_tokens;
+            what = "text";
+        }
+        char bat[48] = "";
+        if (r->batch > 1) snprintf(bat, sizeof bat, " at batch %d", r->batch);
+        return fs_errf(e, FS_E_INPUT, "%s: %s %s tokens%s need ~%s %s for activations; %s %s", who,
+                       grouped(tokens, b, sizeof b), what, bat, need, per, mem_what, have);
+    }
+    if (r->dump_path && !r->dump_compressed && disk_free != UINT64_MAX && est->dump_bytes > disk_free)
+        return fs_errf(e, FS_E_INPUT, "--dump %s: the dump of %d steps will be ~%s; its file system has %s free",
+                       r->dump_path, r->steps, fs_estimate_bytes_str(est->dump_bytes, need, sizeof need),
+                       fs_estimate_bytes_str(disk_free, have, sizeof have));
+    return FS_OK;
+}
+
+/* Free bytes of the file system that will hold `path` (its directory); UINT64_MAX if unknown. */
+static uint64_t free_space_of(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return UINT64_MAX;
+    struct statvfs sv;
+    int ok = statvfs(dirname(copy), &sv) == 0;
+    free(copy);
+    return ok ? mul((uint64_t)sv.f_bavail, (uint64_t)sv.f_frsize) : UINT64_MAX;
+}
+
+int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
+{
+    fs_estimate local;
+    if (!out) out = &local;
+    int rc = fs_estimate_compute(r, out, e);
+    if (rc) return rc;
+    char what[64];
+    const uint64_t mem = fs_estimate_mem_limit(what, sizeof what);
+    return fs_estimate_check(r, out, mem, what, r->dump_path ? free_space_of(r->dump_path) : UINT64_MAX, e);
+}

@@ -1,0 +1,128 @@
+/* fs_estimate.h — what a run will need, before it allocates anything.
+ *
+ * Given a config, the batch, the token counts, the dtype and the parallel degrees, estimate per
+ * rank the bytes of the weights, of the inputs, and of the forward's peak live activations, and
+ * the size of one step of a full dump. The CLI calls fs_estimate_refuse() before it loads weights
+ * or generates inputs, so a run that cannot fit says so in one line that names the option that
+ * made it too big, instead of running for minutes or failing with an out-of-memory message that
+ * names nothing. The struct is meant to be extended (FLOPs, collective volumes for a future
+ * `flux-sim --estimate`); every field is computed from the request alone, no global state.
+ *
+ * All quantities are counts of live bytes of the current code (commit history: sim/fs_model.c,
+ * fs_sampler.c, fs_seqpar.c); allocator slack and library buffers (MPI, OpenBLAS, HDF5) are not
+ * included, so the real peak is at least this. Notation, per rank: B batch, Si/St/S image, text
+ * and joint tokens of this rank (the global counts divided over sp = ulysses·ring, rounded up),
+ * D hidden, F = 4D, Dl = D/tp and Fl = F/tp (the plan's colwise shards), Dh head_dim, es the
+ * dtype size.
+ *
+ * Persistent through the forward (fs_model_forward): the image and text residual streams X, CX
+ * (Si·D, St·D), temb, the ids and the RoPE tables (S·(3·8 + 2·Dh·es)); from the first single
+ * block on, also the joint stream H (S·D). Everything of a block is freed when it returns, so the
+ * peak is the larger of the two block kinds:
+ *
+ *   double block (FluxTransformerBlock): every intermediate lives until the block returns. The
+ *     peak is inside the text-stream MLP, when alive are, per image token: the modulated input,
+ *     the attention output after to_out, norm2, its modulation and the MLP output (5·D), q, k, v,
+ *     the normed q, k and the attention slice (6·Dl); per text token the same (5·D + 6·Dl) plus
+ *     the MLP hidden before and after GELU (2·Fl); per joint token the concatenated q, k, v and
+ *     the attention output (4·Dl); plus 12 AdaLN chunks (12·D per batch row).
+ *   single block (FluxSingleTransformerBlock): at its end alive are, per joint token, the
+ *     modulated input, proj_out's output and the text/image slices recorded (3·D), the MLP
+ *     hidden, its GELU and the cat([attn, mlp]) input of proj_out (3·Fl), q, k, v, the normed
+ *     q, k, the attention output and the attention part of the concatenation (7·Dl).
+ *   attention scratch: scaled_dot_product_attention never materialises S×S; each thread holds
+ *     one score block of 256 query rows by the keys it attends (min(256, S)·Skv·es). Ulysses
+ *     adds its head-sharded q, k, v, o and the all-to-all send/receive pair (6·B·S·Dl); ring
+ *     attention adds the partial output and two LSE vectors, and the K/V of every ring member
+ *     (allgather, as diffusers) or two double-buffered chunks each of K and V (p2p). The
+ *     attention phase peak (block inputs, q/k/v, joint q/k/v, output, scratch) is compared with
+ *     the block-end peaks and the larger wins.
+ *
+ * The dump estimate is exact: the element count of every dataset one step records (checked in
+ * tests/test_estimate.c against golden/default-fp64.h5), times es. */
+#ifndef FS_ESTIMATE_H
+#define FS_ESTIMATE_H
+
+#include "fs_config.h"
+
+/* Limits on the run's sizes that hold whatever the config, so that no token or batch count can
+ * overflow an int anywhere downstream (the model indexes tokens in int; B·(Si + St) <= 2^29) and
+ * positions stay exact in float32 (diffusers casts the ids to float: exact up to 2^24). 2^22
+ * image tokens is a 32768 x 32768 pixel image, 1024 times FLUX.1's 1024^2 (4096 tokens); 2^22
+ * text tokens is 8192 times T5's 512. Anything larger is a typo, and is refused before any
+ * allocation (flux-sim's --grid, --txt-len and --batch; a replayed dump's shapes). */
+#define FS_MAX_BATCH 64                 /* time_text_embed keeps per-sample scalars on the stack */
+#define FS_MAX_IMG_TOKENS (1 << 22)
+#define FS_MAX_TXT_TOKENS (1 << 22)
+
+typedef struct fs_estimate_req {
+    const fs_config *cfg;
+    int dtype_size;           /* 4 (fp32) or 8 (fp64) */
+    int batch;
+    int64_t img_tokens;       /* global counts */
+    int64_t txt_tokens;
+    int steps;
+    int tp, ulysses, ring;    /* degrees; 0 means 1 */
+    int ring_p2p;             /* --ring-rotate p2p (two K/V chunks instead of all of them) */
+    int threads;              /* attention threads of this rank; 0: the online CPUs */
+    int full_weights;         /* this rank holds unsharded weights (tp 1, or rank 0 of an in-job --check) */
+    int check;                /* --check (in this job or against a saved dump) */
+    int check_in_job;         /* --check without =REF: rank 0 keeps every reference tensor of every step */
+    int recording;            /* --dump or --check in a parallel run: rank 0 assembles global tensors */
+    int ranks_per_machine;    /* ranks sharing this machine's memory; 0 means 1 */
+    /* Where the sizes came from, so a refusal names the option that drove it. */
+    const char *config_src;   /* the --config argument (preset or file), or NULL for the default */
+    const char *inputs_src;   /* the --inputs dump the tokens and batch were replayed from, or NULL */
+    int grid_h, grid_w;       /* --grid, when the inputs were generated */
+    const char *dump_path;    /* --dump, for the free-space check (NULL: no dump) */
+    int dump_compressed;      /* --dump-compress > 0: the size is not known in advance; no disk check */
+} fs_estimate_req;
+
+typedef struct fs_estimate {
+    int64_t params;               /* whole model (fs_config_num_params) */
+    int64_t tokens_rank;          /* joint tokens this rank holds (S above) */
+    uint64_t weight_bytes;        /* this rank's weights */
+    uint64_t input_bytes;         /* fs_inputs (every rank holds them whole) + the sampler's latents */
+    uint64_t act_persistent_bytes;/* residual streams, ids, RoPE tables */
+    uint64_t act_double_bytes;    /* peak of one double block, on top of the persistent part */
+    uint64_t act_single_bytes;    /* peak of one single block, on top of the persistent part */
+    uint64_t attn_scratch_bytes;  /* score blocks + sequence-parallel buffers */
+    uint64_t act_peak_bytes;      /* persistent + the larger block peak (scratch included) */
+    uint64_t check_ref_bytes;     /* in-job --check reference on rank 0 */
+    uint64_t gather_bytes;        /* rank 0 assembling one global tensor (parallel recording) */
+    uint64_t dump_step_bytes;     /* datasets of one step of a full dump */
+    uint64_t dump_bytes;          /* the whole dump: every step + /inputs + /final */
+    uint64_t rank_bytes;          /* the busiest rank: weights + inputs + act_peak + check_ref + gather */
+} fs_estimate;
+
+/* Fills *out. FS_E_INPUT when the request itself is invalid (config rejected by
+ * fs_config_validate, batch < 1, negative tokens, degrees < 0, dtype size not 4 or 8). Sums and
+ * products saturate at UINT64_MAX instead of wrapping. */
+int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
+
+/* Physical memory of this machine (sysconf), 0 if unknown. */
+uint64_t fs_estimate_phys_mem(void);
+
+/* The memory this process may use: the least of the physical memory, `ulimit -v` (RLIMIT_AS),
+ * `ulimit -d` (RLIMIT_DATA) and the cgroup v2 limit (/sys/fs/cgroup/memory.max). `what` receives
+ * the phrase the refusal ends with: "this machine has", "ulimit -v allows", "ulimit -d allows",
+ * "the cgroup memory limit is". 0 if nothing is known. */
+uint64_t fs_estimate_mem_limit(char *what, size_t n);
+
+/* The refusal itself, with the memory given (for tests): FS_E_INPUT when est->rank_bytes times
+ * the ranks sharing the machine exceeds mem_bytes, or the uncompressed dump exceeds disk_free
+ * (UINT64_MAX: unknown / not checked). The one line names the option behind the largest term, e.g.
+ *   --grid 2000x2000: 4,000,000 image tokens need ~1.1 TiB per rank for activations; this machine has 24 GiB
+ * mem_bytes 0 means unknown: no memory check. mem_what: the phrase before the amount (NULL:
+ * "this machine has"). */
+int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, const char *mem_what,
+                      uint64_t disk_free, fs_err *e);
+
+/* compute + check against fs_estimate_mem_limit() and the free space of the dump's directory:
+ * the one call the CLI makes before allocating. */
+int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
+
+/* "1.2 GiB" (binary units, one decimal; bytes below 1 KiB as "512 B"). */
+const char *fs_estimate_bytes_str(uint64_t n, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,292 @@
+/* test_estimate.c — fs_estimate: the dump size is exact (checked against a real dump), the
+ * weights are exactly what fs_weights holds per rank, sizes grow as they must and saturate instead
+ * of wrapping, and a refusal names the option that drove it (probe #12). */
+#include "test_util.h"
+
+#include <inttypes.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "fo_dump.h"
+#include "fs_estimate.h"
+#include "fs_plan.h"
+#include "fs_weights.h"
+
+static fs_estimate_req req(const fs_config *c, int es, int B, int64_t si, int64_t st, int steps)
+{
+    return (fs_estimate_req){.cfg = c, .dtype_size = es, .batch = B, .img_tokens = si, .txt_tokens = st,
+                             .steps = steps, .threads = 2, .full_weights = 1};
+}
+
+/* The dump estimate equals the bytes of every dataset of step_0000 in golden/default-fp64.h5
+ * (default config, grid 2x3, 4 text tokens, fp64): a recording added or dropped in the model
+ * without updating fs_estimate fails here. */
+static void test_dump_step_exact(void **s)
+{
+    fo_file *f;
+    fs_err e = {0};
+    if (fo_file_open(&f, "golden/default-fp64.h5", &e)) fail_msg("%s", e.msg);
+    fo_names names = {0};
+    fo_order_source src;
+    if (fo_group_order(f, "/step_0000", &names, &src, &e)) fail_msg("%s", e.msg);
+    uint64_t bytes = 0;
+    for (int i = 0; i < names.n; i++) {
+        char path[300];
+        snprintf(path, sizeof path, "/step_0000/%s", names.v[i]);
+        fo_dataset ds = {0};
+        if (fo_dataset_info(f, path, &ds, &e)) fail_msg("%s", e.msg);
+        uint64_t n = 1;
+        for (int d = 0; d < ds.ndim; d++) n *= (uint64_t)ds.shape[d];
+        bytes += n * 8;
+        fo_dataset_free(&ds);
+    }
+    fo_names_free(&names);
+    fs_config c;
+    if (fs_config_from_json(&c, fo_file_config(f), "golden", &e)) fail_msg("%s", e.msg);
+    fo_file_close(f);
+    fs_estimate_req r = req(&c, 8, 1, 6, 4, 2);
+    fs_estimate est;
+    assert_int_equal(fs_estimate_compute(&r, &est, &e), 0);
+    if (est.dump_step_bytes != bytes)
+        fail_msg("estimate %" PRIu64 " bytes, golden step_0000 holds %" PRIu64, est.dump_step_bytes, bytes);
+    assert_true(bytes == 2750464); /* sanity: the file did not change under us */
+}
+
+static uint64_t weights_bytes(const fs_weights *w)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < w->n; i++) n += fs_tensor_nbytes(&w->t[i]);
+    return n;
+}
+
+/* Per-rank weights: exactly what the synthetic (sharded) weights allocate under the built-in plan */
+static void test_weights_exact(void **s)
+{
+    fs_plan plan;
+    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
+    const char *presets[] = {"odd", "tiny", "default"};
+    for (size_t k = 0; k < FS_ARRAY_LEN(presets); k++)
+        for (int T = 1; T <= 2; T++) {
+            fs_config c;
+            fs_config_preset(&c, presets[k], NULL);
+            fs_weights w;
+            fs_err e = {0};
+            if (fs_weights_synthetic_shard(&w, &c, FS_F32, 0, &plan, T, T - 1, NULL, &e)) fail_msg("%s", e.msg);
+            fs_estimate_req r = req(&c, 4, 1, 16, 8, 1);
+            r.tp = T;
+            r.full_weights = 0;
+            fs_estimate est;
+            assert_int_equal(fs_estimate_compute(&r, &est, &e), 0);
+            if (est.weight_bytes != weights_bytes(&w))
+                fail_msg("%s tp %d: estimate %" PRIu64 ", allocated %" PRIu64, presets[k], T, est.weight_bytes,
+                         weights_bytes(&w));
+            assert_true(est.params == fs_config_num_params(&c));
+            fs_weights_free(&w);
+        }
+    fs_plan_free(&plan);
+}
+
+static void test_monotone_and_layouts(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "flux-dev", NULL);
+    fs_estimate a, b;
+    fs_estimate_req r = req(&c, 4, 1, 4096, 512, 28);
+    assert_int_equal(fs_estimate_compute(&r, &a, NULL), 0);
+    /* FLUX.1-dev weights in fp32: 44.3 GiB (README) */
+    assert_true(a.weight_bytes == (uint64_t)11901408320LL * 4);
+    r.img_tokens = 16384;
+    assert_int_equal(fs_estimate_compute(&r, &b, NULL), 0);
+    assert_true(b.act_peak_bytes > 3 * a.act_peak_bytes && b.dump_bytes > 3 * a.dump_bytes);
+    r.batch = 2;
+    fs_estimate c2;
+    assert_int_equal(fs_estimate_compute(&r, &c2, NULL), 0);
+    assert_true(c2.act_peak_bytes > b.act_peak_bytes && c2.dump_step_bytes > b.dump_step_bytes);
+    /* sharding: TP halves the split weights, SP the tokens per rank */
+    r = req(&c, 4, 1, 4096, 512, 1);
+    r.tp = 2;
+    r.full_weights = 0;
+    fs_estimate t2, u2, r2;
+    assert_int_equal(fs_estimate_compute(&r, &t2, NULL), 0);
+    assert_true(t2.weight_bytes < a.weight_bytes && t2.weight_bytes > a.weight_bytes / 2);
+    r = req(&c, 4, 1, 4096, 512, 1);
+    r.ulysses = 2;
+    assert_int_equal(fs_estimate_compute(&r, &u2, NULL), 0);
+    assert_int_equal(u2.tokens_rank, 2048 + 256);
+    r.ulysses = 1;
+    r.ring = 2;
+    assert_int_equal(fs_estimate_compute(&r, &r2, NULL), 0);
+    assert_true(r2.act_peak_bytes < a.act_peak_bytes);
+    /* the in-job --check reference is every step's dump */
+    r = req(&c, 4, 1, 4096, 512, 3);
+    r.check = r.check_in_job = 1;
+    assert_int_equal(fs_estimate_compute(&r, &b, NULL), 0);
+    assert_true(b.check_ref_bytes == 3 * b.dump_step_bytes);
+}
+
+/* Saturation: the largest request the CLI's limits allow, and one beyond them, never wrap */
+static void test_saturates(void **s)
+{
+    fs_config c = {.patch_size = 1, .in_channels = 1 << 20, .out_channels = 1 << 20, .num_layers = 8,
+                   .num_single_layers = 8, .attention_head_dim = 1024, .num_attention_heads = 32,
+                   .joint_attention_dim = 1 << 20, .pooled_projection_dim = 1 << 20, .guidance_embeds = 1,
+                   .axes_dims_rope = {340, 342, 342}};
+    fs_err e = {0};
+    if (fs_config_validate(&c, "big", &e)) fail_msg("%s", e.msg);
+    fs_estimate_req r = req(&c, 8, 64, INT64_MAX / 2, INT64_MAX / 2, 1000000);
+    fs_estimate est;
+    assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
+    assert_true(est.dump_bytes == UINT64_MAX && est.rank_bytes == UINT64_MAX && est.act_peak_bytes == UINT64_MAX);
+    r = req(&c, 8, 64, FS_MAX_IMG_TOKENS, FS_MAX_TXT_TOKENS, 1000000);
+    assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
+    assert_true(est.rank_bytes > ((uint64_t)1 << 50)); /* petabytes, not a wrapped small number */
+    assert_int_equal(fs_estimate_check(&r, &est, (uint64_t)1 << 40, NULL, UINT64_MAX, &e), FS_E_INPUT);
+}
+
+static void test_invalid_request(void **s)
+{
+    fs_config c;
+    fs_config_preset(&c, "tiny", NULL);
+    fs_estimate est;
+    fs_err e = {0};
+    fs_estimate_req r = req(&c, 4, 0, 16, 8, 1);
+    assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
+    r = req(&c, 2, 1, 16, 8, 1);
+    assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
+    r = req(&c, 4, 1, -1, 8, 1);
+    assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
+    c.num_attention_heads = 1 << 30;
+    r = req(&c, 4, 1, 16, 8, 1);
+    assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "num_attention_heads"));
+}
+
+static void expect_refusal(fs_estimate_req *r, uint64_t mem, uint64_t disk, const char *w1, const char *w2)
+{
+    fs_estimate est;
+    fs_err e = {0};
+    assert_int_equal(fs_estimate_compute(r, &est, &e), 0);
+    int rc = fs_estimate_check(r, &est, mem, NULL, disk, &e);
+    if (rc != FS_E_INPUT) fail_msg("not refused (rank %" PRIu64 " bytes, mem %" PRIu64 ")", est.rank_bytes, mem);
+    if (strchr(e.msg, '\n') || !strstr(e.msg, w1) || (w2 && !strstr(e.msg, w2)))
+        fail_msg("message '%s' lacks '%s' / '%s'", e.msg, w1, w2 ? w2 : "");
+    print_message("      %s\n", e.msg);
+}
+
+/* The refusal names the option behind the largest term */
+static void test_refusal_names_the_option(void **s)
+{
+    const uint64_t GiB = 1ull << 30;
+    fs_config dflt, dev;
+    fs_config_preset(&dflt, "default", NULL);
+    fs_config_preset(&dev, "flux-dev", NULL);
+    /* --grid 2000x2000 of flux-dev: ~1.1 TiB of activations */
+    fs_estimate_req r = req(&dev, 4, 1, 4000000, 512, 1);
+    r.config_src = "flux-dev";
+    r.grid_h = r.grid_w = 2000;
+    expect_refusal(&r, 24 * GiB, UINT64_MAX, "--grid 2000x2000: 4,000,000 image tokens need ~1.1 TiB per rank",
+                   "this machine has 24 GiB");
+    /* --txt-len 1000000 of the default model */
+    r = req(&dflt, 4, 1, 256, 1000000, 1);
+    r.grid_h = r.grid_w = 16;
+    expect_refusal(&r, 8 * GiB, UINT64_MAX, "--txt-len 1000000: 1,000,000 text tokens", "this machine has 8 GiB");
+    /* batch named when > 1 */
+    r = req(&dflt, 4, 64, 65536, 32, 1);
+    r.grid_h = r.grid_w = 256;
+    expect_refusal(&r, 8 * GiB, UINT64_MAX, "--grid 256x256: 65,536 image tokens at batch 64", NULL);
+    /* replayed inputs: the dump is the culprit */
+    r = req(&dflt, 4, 1, 1 << 20, 512, 1);
+    r.inputs_src = "big.h5";
+    expect_refusal(&r, 8 * GiB, UINT64_MAX, "--inputs big.h5: 1,049,088 image + text tokens", NULL);
+    /* weights dominate: flux-dev in fp64 on a 64 GiB machine */
+    r = req(&dev, 8, 1, 4096, 512, 1);
+    r.config_src = "flux-dev";
+    expect_refusal(&r, 64 * GiB, UINT64_MAX, "--config flux-dev: 11,901,408,320 parameters need ~88.7 GiB", "fp64");
+    /* the in-job --check reference of many steps */
+    r = req(&dflt, 4, 1, 4096, 32, 200);
+    r.check = r.check_in_job = 1;
+    expect_refusal(&r, 8 * GiB, UINT64_MAX, "--check: the single-rank reference of 200 steps", "--check=REF.h5");
+    /* ranks sharing the machine */
+    r = req(&dflt, 4, 1, 65536, 32, 1);
+    r.grid_h = r.grid_w = 256;
+    r.ranks_per_machine = 8; /* 1.7 GB each: fits alone, not eight times */
+    expect_refusal(&r, 8 * GiB, UINT64_MAX, "per rank (8 ranks on this machine)", NULL);
+    /* disk: an uncompressed dump larger than the free space */
+    r = req(&dflt, 4, 1, 4096, 32, 4);
+    r.dump_path = "/tmp/x.h5";
+    expect_refusal(&r, 0, 1 * GiB, "--dump /tmp/x.h5: the dump of 4 steps will be ~", "has 1 GiB free");
+    /* ... but not when compressed (size unknown), nor when memory and disk suffice */
+    fs_estimate est;
+    r.dump_compressed = 1;
+    assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
+    assert_int_equal(fs_estimate_check(&r, &est, 0, NULL, 1 * GiB, NULL), 0);
+    r = req(&dflt, 4, 1, 256, 32, 4);
+    assert_int_equal(fs_estimate_compute(&r, &est, NULL), 0);
+    assert_int_equal(fs_estimate_check(&r, &est, 8 * GiB, NULL, 100 * GiB, NULL), 0);
+    /* the demo run fits this machine (the call flux-sim makes) */
+    r.dump_path = "/tmp/demo.h5";
+    fs_err e = {0};
+    if (fs_estimate_refuse(&r, NULL, &e)) fail_msg("demo refused: %s", e.msg);
+    assert_true(fs_estimate_phys_mem() > 0);
+    char what[64];
+    assert_true(fs_estimate_mem_limit(what, sizeof what) <= fs_estimate_phys_mem());
+}
+
+/* Under `ulimit -v` the refusal compares with the limit and says so (a child process, so the
+ * limit does not stay on the test runner; skipped under ASan, which needs terabytes of address
+ * space) */
+static void test_mem_limit_rlimit(void **s)
+{
+    if (getenv("FLUX_SANITIZE")) FS_SKIP_LOUDLY("ASan reserves terabytes of address space; ulimit -v cannot apply");
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {.rlim_cur = 6ull << 30, .rlim_max = RLIM_INFINITY};
+        setrlimit(RLIMIT_AS, &rl);
+        char what[64], msg[1100];
+        uint64_t m = fs_estimate_mem_limit(what, sizeof what);
+        fs_config c;
+        fs_config_preset(&c, "default", NULL);
+        fs_estimate_req r = req(&c, 4, 1, 256, 1000000, 1);
+        fs_err e = {0};
+        int rc = fs_estimate_refuse(&r, NULL, &e);
+        snprintf(msg, sizeof msg, "%llu|%s|%d|%s", (unsigned long long)m, what, rc, e.msg);
+        ssize_t w = write(fd[1], msg, strlen(msg) + 1);
+        _exit(w > 0 ? 0 : 1);
+    }
+    close(fd[1]);
+    char buf[1200] = "";
+    ssize_t n = read(fd[0], buf, sizeof buf - 1);
+    close(fd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(n > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    print_message("      %s\n", buf);
+    unsigned long long m = strtoull(buf, NULL, 10);
+    if (!strstr(buf, "|2|--txt-len 1000000: 1,000,000 text tokens")) fail_msg("not refused: '%s'", buf);
+    /* a smaller cgroup limit or physical memory would rightly win over the 6 GiB ulimit */
+    if (m == (6ull << 30) && !strstr(buf, "ulimit -v allows|") && !strstr(buf, "; ulimit -v allows 6 GiB"))
+        fail_msg("the message does not name ulimit -v: '%s'", buf);
+    assert_true(m <= (6ull << 30));
+}
+
+static void test_bytes_str(void **s)
+{
+    char b[32];
+    assert_string_equal(fs_estimate_bytes_str(512, b, sizeof b), "512 B");
+    assert_string_equal(fs_estimate_bytes_str(1536, b, sizeof b), "1.5 KiB");
+    assert_string_equal(fs_estimate_bytes_str(24ull << 30, b, sizeof b), "24 GiB");
+    assert_string_equal(fs_estimate_bytes_str(UINT64_MAX, b, sizeof b), "16 EiB");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dump_step_exact),     cmocka_unit_test(test_weights_exact),
+        cmocka_unit_test(test_monotone_and_layouts), cmocka_unit_test(test_saturates),
+        cmocka_unit_test(test_invalid_request),     cmocka_unit_test(test_refusal_names_the_option),
+        cmocka_unit_test(test_bytes_str),           cmocka_unit_test(test_mem_limit_rlimit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
