@@ -83,6 +83,18 @@ void fs_group_self(fs_group *out)
     out->size = 1;
 }
 
+int fs_group_node_size(const fs_group *g)
+{
+    /* ranks of g sharing this machine's memory (MPI-3 shared-memory split) */
+    MPI_Comm node;
+    int n = 1;
+    if (MPI_Comm_split_type(*(MPI_Comm *)g->h, MPI_COMM_TYPE_SHARED, g->rank, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return g->size;
+    MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    return n;
+}
+
 void fs_group_free(fs_group *g)
 {
     if (!g || !g->h) return;

@@ -38,6 +38,8 @@ int fs_group_split(const fs_group *parent, int color, int key, fs_group *out, fs
 void fs_group_free(fs_group *g);
 /* A group of one: this rank alone (for degrees of 1). */
 void fs_group_self(fs_group *out);
+/* How many ranks of g run on this rank's machine (share its memory); collective over g. */
+int fs_group_node_size(const fs_group *g);
 
 void fs_barrier(const fs_group *g);
 

@@ -1,5 +1,7 @@
 #include "fs_estimate.h"
 
+#include "fs_weights.h" /* FS_STREAM_AUTO_BYTES */
+
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
@@ -41,8 +43,11 @@ static uint64_t lin(uint64_t in, uint64_t out, split s, uint64_t T)
 
 /* This rank's weight elements under the built-in plan (fs_plan.c's default_plan): attention
  * q/k/v and MLP up-projections colwise, out-projections rowwise, single-block proj_out packed
- * rowwise; everything else replicated. */
-static uint64_t weight_elems(const fs_config *c, uint64_t T)
+ * rowwise; everything else replicated (AdaLN linears included, as in the seed's TP: "AdaLN norm
+ * linears are replicated"). Split into what stays made while streaming (embedders, norm_out,
+ * proj_out) and one double and one single block. */
+typedef struct welems { uint64_t top, dbl, sgl; } welems;
+static welems weight_elems_parts(const fs_config *c, uint64_t T)
 {
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
                    Dh = (uint64_t)c->attention_head_dim;
@@ -58,8 +63,31 @@ static uint64_t weight_elems(const fs_config *c, uint64_t T)
     uint64_t sgl = add(lin(D, 3 * D, REP, 1), mul(3, lin(D, D, COL, T)));
     sgl = add(sgl, add(2 * Dh, lin(D, F, COL, T)));
     sgl = add(sgl, lin(D + F, D, ROW, T));                                 /* packed rowwise: columns split */
-    uint64_t head = add(lin(D, 2 * D, REP, 1), lin(D, (uint64_t)c->out_channels, REP, 1));
-    return add(add(top, head), add(mul((uint64_t)c->num_layers, dbl), mul((uint64_t)c->num_single_layers, sgl)));
+    top = add(top, add(lin(D, 2 * D, REP, 1), lin(D, (uint64_t)c->out_channels, REP, 1))); /* norm_out, proj_out */
+    return (welems){top, dbl, sgl};
+}
+
+static uint64_t weight_elems(const fs_config *c, uint64_t T)
+{
+    const welems w = weight_elems_parts(c, T);
+    return add(w.top, add(mul((uint64_t)c->num_layers, w.dbl), mul((uint64_t)c->num_single_layers, w.sgl)));
+}
+
+/* Matmul FLOPs of one forward on a rank holding Si image + St text tokens (of Sg in all) under
+ * TP degree T, counted as bench_forward counts them: 2·in·out per row of every Linear, 4·Sq·Skv·D
+ * per attention (QKᵀ and P·V). Sequence parallelism leaves a rank its own queries against every
+ * key: 4·B·S·Sg·D/T. */
+static double forward_flops(const fs_config *c, double B, double Si, double St, double Sg, double T)
+{
+    const double D = (double)c->num_attention_heads * c->attention_head_dim, F = 4 * D, Dl = D / T, Fl = F / T,
+                 S = Si + St, Cin = c->in_channels, Cout = c->out_channels;
+    double f = 2 * (Si * Cin * D + St * (double)c->joint_attention_dim * D);          /* x/context embedder */
+    f += 2 * ((256.0 * D + D * D) * (c->guidance_embeds ? 2 : 1) + (double)c->pooled_projection_dim * D + D * D);
+    const double dbl = 2 * (2 * D * 6 * D) + 2 * S * (3 * D * Dl + Dl * D + D * Fl + Fl * D) + 4 * S * Sg * Dl;
+    const double sgl = 2 * D * 3 * D + 2 * S * (3 * D * Dl + D * Fl + (Dl + Fl) * D) + 4 * S * Sg * Dl;
+    f += c->num_layers * dbl + c->num_single_layers * sgl;
+    f += 2 * (D * 2 * D + Si * D * Cout);                                              /* norm_out, proj_out */
+    return B * f;
 }
 
 /* Elements of every dataset one step of a full dump records (global shapes). Mirrors what
@@ -95,8 +123,8 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     if (!r->cfg) return fs_errf(e, FS_E_INPUT, "estimate: no config");
     int rc = fs_config_validate(r->cfg, r->config_src ? r->config_src : "config", e);
     if (rc) return rc;
-    if (r->dtype_size != 4 && r->dtype_size != 8)
-        return fs_errf(e, FS_E_INPUT, "estimate: dtype size %d is not 4 or 8", r->dtype_size);
+    if (r->dtype_size != 2 && r->dtype_size != 4 && r->dtype_size != 8)
+        return fs_errf(e, FS_E_INPUT, "estimate: dtype size %d is not 2, 4 or 8", r->dtype_size);
     if (r->batch < 1 || r->img_tokens < 0 || r->txt_tokens < 0 || r->steps < 0 || r->tp < 0 || r->ulysses < 0 ||
         r->ring < 0 || r->threads < 0)
         return fs_errf(e, FS_E_INPUT, "estimate: batch %d, tokens %" PRId64 " + %" PRId64 ", steps %d, tp %d, ulysses %d, "
@@ -115,7 +143,17 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     out->tokens_rank = (int64_t)S;
     out->params = fs_config_num_params(c);
 
-    out->weight_bytes = mul(weight_elems(c, r->full_weights ? 1 : (uint64_t)tp), es);
+    /* weights: all of this rank's shard, or (streaming) what stays made plus the largest block */
+    const uint64_t wT = r->full_weights ? 1 : (uint64_t)tp;
+    const welems we = weight_elems_parts(c, wT);
+    out->weight_resident_bytes = mul(weight_elems(c, wT), es);
+    out->block_weight_bytes = mul(max2(c->num_layers ? we.dbl : 0, c->num_single_layers ? we.sgl : 0), es);
+    /* --stream auto (-1): on when the rank's block parameters in the split it runs exceed
+     * FS_STREAM_AUTO_BYTES (main_flux_sim.c decides the same way, from the store) */
+    const welems wr = weight_elems_parts(c, (uint64_t)tp);
+    const uint64_t blocks = mul(add(mul((uint64_t)c->num_layers, wr.dbl), mul((uint64_t)c->num_single_layers, wr.sgl)), es);
+    out->streamed = r->stream < 0 ? blocks > (uint64_t)FS_STREAM_AUTO_BYTES : r->stream > 0;
+    out->weight_bytes = out->streamed ? add(mul(we.top, es), out->block_weight_bytes) : out->weight_resident_bytes;
 
     /* fs_inputs (whole on every rank): noise, text embeddings, pooled, ids (f64), guidance,
      * sigmas, timesteps; the sampler's latents, this rank's slice and the velocity */
@@ -133,7 +171,8 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
 
     /* attention scratch: one [256, Skv] score block per thread, plus SP buffers */
     const uint64_t Skv = R > 1 ? (uint64_t)ceil_div((int64_t)Sg, R) : (U > 1 ? Sg : S);
-    uint64_t scratch = mul(mul3(threads, 256, Skv ? Skv : 1), es);
+    const uint64_t score = mul(mul3(threads, 256, Skv ? Skv : 1), es);
+    uint64_t scratch = score;
     uint64_t spbuf = 0;
     if (U > 1) spbuf = add(spbuf, mul(mul3(6, B, S), Dl)); /* q, k, v, o head-sharded + a2a send/recv */
     if (R > 1) {
@@ -159,20 +198,62 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     out->act_persistent_bytes = pers_dbl;
     out->act_peak_bytes = max2(add(pers_dbl, out->act_double_bytes), add(pers_sgl, out->act_single_bytes));
 
+    /* bf16 on the CPU: a kernel computes in float32 copies of its operands (fs_backend_cpu.c:
+     * linear_bf16 upcasts x, the weight, the bias and its output; attention q, k, v and o). The
+     * largest: a single block's proj_out (x [S, Dl+Fl], W [D, Dl+Fl], y [S, D]) or proj_mlp. */
+    if (es == 2) {
+        const uint64_t po = add(mul(add(mul(B, S), D), add(Dl, Fl)), mul3(B, S, D));
+        const uint64_t pm = add(mul(add(mul(B, S), Fl), D), mul3(B, S, Fl));
+        const uint64_t at = mul3(4, mul(B, S), Dl);
+        out->bf16_scratch_bytes = mul(max2(max2(po, pm), at), 4);
+    }
+    /* a GPU rank: every weight of its shard resident, activations in the run dtype, flash
+     * attention (no score blocks, no float32 copies) */
+    out->device_bytes = add(add(out->weight_resident_bytes, out->input_bytes),
+                            max2(add(pers_dbl, max2(dbl_attn - score, mul(dbl_mlp, es))),
+                                 add(pers_sgl, max2(sgl_attn - score, sgl_end))));
+
+    /* FLOPs and collectives of one step (one forward), for this rank and the job */
+    out->flops_step_rank = forward_flops(c, (double)B, (double)Si, (double)St, (double)Sg, (double)tp);
+    out->flops_step = forward_flops(c, (double)B, (double)Sig, (double)Stg, (double)Sg, (double)tp) * (double)tp;
+    {
+        const uint64_t L2 = (uint64_t)c->num_layers, L1 = (uint64_t)c->num_single_layers, attn = L2 + L1,
+                       H = (uint64_t)c->num_attention_heads, Hl = H / (uint64_t)tp, hb = Hl / (uint64_t)U;
+        if (tp > 1) /* to_out.0, to_add_out, ff.net.2, ff_context.net.2; single proj_out */
+            out->allreduce = (fs_estimate_coll){4 * L2 + L1, mul(mul(add(2 * L2, L1), mul3(B, S, D)), es)};
+        /* rank 0 holds the largest chunk of every split (fs_par_set_seq gives the remainder first) */
+        const uint64_t Su = mul(S, (uint64_t)U) > Sg ? Sg : mul(S, (uint64_t)U);
+        if (U > 1) {
+            const uint64_t fwd = mul3(B, S, Dh * (Hl - hb)), bwd = mul3(B, hb * Dh, Su - S);
+            out->alltoall = (fs_estimate_coll){4 * attn, mul(mul(attn, add(mul(3, fwd), bwd)), es)};
+        }
+        if (R > 1) {
+            const uint64_t kv = mul3(2, B, mul(Su, hb * Dh)); /* K and V of this rank's ring chunk */
+            if (r->ring_p2p) /* R-1 rotations, each sends K and V of a chunk (about Su tokens) */
+                out->ring = (fs_estimate_coll){2 * (uint64_t)(R - 1) * attn, mul(mul3(attn, (uint64_t)(R - 1), kv), es)};
+            else
+                out->ring = (fs_estimate_coll){2 * attn, mul(mul(attn, kv), es)};
+        }
+    }
+
     out->dump_step_bytes = mul(dump_step_elems(c, B, Sig, Stg), es);
+    if (r->modules_narrowed) /* only latents_in and latents_out are sure to be recorded */
+        out->dump_step_bytes = mul(mul3(2, B, mul(Sig, Cin)), es);
     const uint64_t dump_inputs = add(mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
                                              mul(B, (uint64_t)c->pooled_projection_dim)), es),
                                      add(mul3(Sg, 3, 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
-    out->dump_bytes = add(add(mul((uint64_t)r->steps, out->dump_step_bytes), dump_inputs), mul3(B, Sig, mul(Cin, es)));
-    /* --check in this job: rank 0 stores every reference tensor of every step, in the run dtype */
-    if (r->check_in_job) out->check_ref_bytes = mul((uint64_t)r->steps, out->dump_step_bytes);
+    const uint64_t rec_steps = r->steps_recorded > 0 && r->steps_recorded < r->steps ? (uint64_t)r->steps_recorded
+                                                                                     : (uint64_t)r->steps;
+    out->dump_bytes = add(add(mul(rec_steps, out->dump_step_bytes), dump_inputs), mul3(B, Sig, mul(Cin, es)));
+    /* --check in this job: rank 0 stores every reference tensor of every recorded step, in the run dtype */
+    if (r->check_in_job) out->check_ref_bytes = mul(rec_steps, out->dump_step_bytes);
     /* parallel recording: rank 0 assembles the widest global tensor ([B, S, F]); --check also
      * holds the reference and the assembled tensor as float64 */
     if (r->recording && (tp > 1 || sp > 1)) {
         const uint64_t widest = mul3(B, Sg, F);
         out->gather_bytes = add(mul(widest, es), r->check ? mul3(2, widest, 8) : 0);
     }
-    out->rank_bytes = add(add(out->weight_bytes, out->input_bytes),
+    out->rank_bytes = add(add(add(r->baseline_bytes, out->weight_bytes), add(out->input_bytes, out->bf16_scratch_bytes)),
                           add(out->act_peak_bytes, add(out->check_ref_bytes, out->gather_bytes)));
     return FS_OK;
 }
@@ -258,7 +339,7 @@ int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t
             return fs_errf(e, FS_E_INPUT,
                            "--config %s: %s parameters need ~%s %s for weights in %s; %s %s", cfg,
                            grouped((uint64_t)est->params, a, sizeof a), need, per,
-                           r->dtype_size == 8 ? "fp64" : "fp32", mem_what, have);
+                           r->dtype_size == 8 ? "fp64" : r->dtype_size == 2 ? "bf16" : "fp32", mem_what, have);
         }
         if (est->check_ref_bytes >= act) {
             fs_estimate_bytes_str(est->check_ref_bytes, need, sizeof need);
@@ -294,7 +375,7 @@ int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t
 }
 
 /* Free bytes of the file system that will hold `path` (its directory); UINT64_MAX if unknown. */
-static uint64_t free_space_of(const char *path)
+uint64_t fs_estimate_disk_free(const char *path)
 {
     char *copy = strdup(path);
     if (!copy) return UINT64_MAX;
@@ -312,5 +393,5 @@ int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     if (rc) return rc;
     char what[64];
     const uint64_t mem = fs_estimate_mem_limit(what, sizeof what);
-    return fs_estimate_check(r, out, mem, what, r->dump_path ? free_space_of(r->dump_path) : UINT64_MAX, e);
+    return fs_estimate_check(r, out, mem, what, r->dump_path ? fs_estimate_disk_free(r->dump_path) : UINT64_MAX, e);
 }

@@ -57,7 +57,7 @@
 
 typedef struct fs_estimate_req {
     const fs_config *cfg;
-    int dtype_size;           /* 4 (fp32) or 8 (fp64) */
+    int dtype_size;           /* 2 (bf16 storage), 4 (fp32) or 8 (fp64) */
     int batch;
     int64_t img_tokens;       /* global counts */
     int64_t txt_tokens;
@@ -76,7 +76,26 @@ typedef struct fs_estimate_req {
     int grid_h, grid_w;       /* --grid, when the inputs were generated */
     const char *dump_path;    /* --dump, for the free-space check (NULL: no dump) */
     int dump_compressed;      /* --dump-compress > 0: the size is not known in advance; no disk check */
+    int stream;               /* weights streamed block by block: 1 on, 0 off, -1 auto (on above
+                                 FS_STREAM_AUTO_BYTES of block parameters, as the CLI decides) */
+    int steps_recorded;       /* --dump-steps: steps recorded (0: all) */
+    int modules_narrowed;     /* --dump-modules: the recorded volume is that of the modules matched,
+                                 not estimated (only latents_in/out are counted) */
+    uint64_t baseline_bytes;  /* the process itself (libraries, MPI, OpenBLAS and HDF5 buffers),
+                                 added to rank_bytes; FS_ESTIMATE_BASELINE for flux-sim */
 } fs_estimate_req;
+
+/* Resident memory of a flux-sim rank before it allocates anything of the model: the binary, libc,
+ * libgomp, OpenBLAS, HDF5 and Open MPI. Measured (maximum RSS, /usr/bin/time) on Debian 12 with
+ * the `tiny` preset at 2x2 + 8 tokens, 1 step: 27-30 MiB per rank under mpirun -np 1 and 2,
+ * 34 MiB single-process with 2 threads (docs/scale.md). */
+#define FS_ESTIMATE_BASELINE ((uint64_t)32 << 20)
+
+/* Calls and bytes of one kind of collective, per rank, per denoising step. */
+typedef struct fs_estimate_coll {
+    uint64_t calls;
+    uint64_t bytes;           /* this rank's payload: sent (all-reduce: its buffer once) */
+} fs_estimate_coll;
 
 typedef struct fs_estimate {
     int64_t params;               /* whole model (fs_config_num_params) */
@@ -92,11 +111,22 @@ typedef struct fs_estimate {
     uint64_t gather_bytes;        /* rank 0 assembling one global tensor (parallel recording) */
     uint64_t dump_step_bytes;     /* datasets of one step of a full dump */
     uint64_t dump_bytes;          /* the whole dump: every step + /inputs + /final */
-    uint64_t rank_bytes;          /* the busiest rank: weights + inputs + act_peak + check_ref + gather */
+    uint64_t rank_bytes;          /* the busiest rank: baseline + weights + inputs + act_peak + check_ref + gather */
+    int streamed;                 /* the weights are streamed (r->stream, auto resolved) */
+    uint64_t weight_resident_bytes; /* every parameter of this rank's shard held at once (--stream off) */
+    uint64_t block_weight_bytes;  /* the largest block's shard: what streaming holds beyond the embedders */
+    uint64_t bf16_scratch_bytes;  /* bf16 on the CPU: float32 copies a kernel makes (largest Linear) */
+    uint64_t device_bytes;        /* a GPU rank of the same layout and dtype holding every weight (the
+                                     diffusers way): weight_resident + activations, no CPU scratch */
+    double flops_step_rank;       /* matmul FLOPs of one step on this rank (Linear + attention) */
+    double flops_step;            /* ... of the whole job (every rank) */
+    fs_estimate_coll allreduce;   /* TP: one per row-parallel Linear (to_out, ff, proj_out, ...) */
+    fs_estimate_coll alltoall;    /* Ulysses: q, k, v to head shards and the output back */
+    fs_estimate_coll ring;        /* ring: K and V of every other member (allgather or p2p steps) */
 } fs_estimate;
 
 /* Fills *out. FS_E_INPUT when the request itself is invalid (config rejected by
- * fs_config_validate, batch < 1, negative tokens, degrees < 0, dtype size not 4 or 8). Sums and
+ * fs_config_validate, batch < 1, negative tokens, degrees < 0, dtype size not 2, 4 or 8). Sums and
  * products saturate at UINT64_MAX instead of wrapping. */
 int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
 
@@ -117,6 +147,9 @@ uint64_t fs_estimate_mem_limit(char *what, size_t n);
  * "this machine has"). */
 int fs_estimate_check(const fs_estimate_req *r, const fs_estimate *est, uint64_t mem_bytes, const char *mem_what,
                       uint64_t disk_free, fs_err *e);
+
+/* Free bytes of the file system that will hold `path` (its directory); UINT64_MAX if unknown. */
+uint64_t fs_estimate_disk_free(const char *path);
 
 /* compute + check against fs_estimate_mem_limit() and the free space of the dump's directory:
  * the one call the CLI makes before allocating. */

@@ -108,6 +108,10 @@ static void usage(FILE *f)
             "                        noise-like: level 1 saves ~10-20%% of disk and writes several times slower]\n"
             "  --threads N           OpenBLAS and OpenMP threads per rank, 1 to 4096 [all cores for one rank,\n"
             "                        1 per rank when several ranks share the machine]\n"
+            "  --estimate            compute nothing: print per rank the weights, activations, dump volume,\n"
+            "                        FLOPs and collective bytes per step of the run the other options describe,\n"
+            "                        here and on a GPU holding every weight, and whether it fits (docs/scale.md)\n"
+            "  --device-mem SIZE     with --estimate: a GPU's memory (80G, 24GiB, 16GB) to judge the GPU column\n"
             "  -q, --quiet           print nothing but errors\n"
             "  -h, --help            this help;  -V, --version\n"
             "\n"
@@ -128,6 +132,8 @@ typedef struct opts {
     fs_gen_params gen;
     int threads, quiet, compress;
     int gen_opt_given;
+    int estimate;           /* --estimate: print what the run needs, compute nothing */
+    uint64_t device_mem;    /* --device-mem: a GPU's memory, for --estimate's verdict (0: none given) */
 } opts;
 
 /* Option values are parsed strictly: digits only (strtol/strtoull alone would accept leading
@@ -182,6 +188,25 @@ static int parse_threads(const char *s, int *out, fs_err *e)
     return rc;
 }
 
+/* --device-mem 80G: a number with a unit; G, GiB = 2^30 (what nvidia-smi and torch report),
+ * GB = 10^9 (datasheets), likewise M/MiB/MB and T/TiB/TB. */
+static int parse_size(const char *s, const char *opt, uint64_t *out, fs_err *e)
+{
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    static const struct { const char *u; double f; } units[] = {
+        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"M", 1048576.0}, {"MiB", 1048576.0},
+        {"MB", 1e6}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+    if (end != s && isdigit((unsigned char)s[0]) && errno == 0 && v > 0)
+        for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+            if (!strcmp(end, units[i].u) && v * units[i].f < 1e18) {
+                *out = (uint64_t)(v * units[i].f);
+                return FS_OK;
+            }
+    return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a size such as 80G, 24GiB, 16GB or 512M", opt, s);
+}
+
 /* --grid HxW: two positive integers and nothing else; the product is computed in 64 bits and
  * capped (FS_MAX_IMG_TOKENS) before anything is sized from it. */
 static int parse_grid(const char *s, int *h, int *w, fs_err *e)
@@ -218,7 +243,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
 {
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
-           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS };
+           O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
+           O_ESTIMATE, O_DEVMEM };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -239,6 +265,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"match", required_argument, 0, O_MATCH},     {"allreduce-order", required_argument, 0, O_AR_ORDER},
         {"stream", required_argument, 0, O_STREAM},   {"no-stream", no_argument, 0, O_NO_STREAM},
         {"dump-modules", required_argument, 0, O_DUMP_MODULES}, {"dump-steps", required_argument, 0, O_DUMP_STEPS},
+        {"estimate", no_argument, 0, O_ESTIMATE},     {"device-mem", required_argument, 0, O_DEVMEM},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -350,6 +377,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             else o->rtol_max = v;
             break;
         }
+        case O_ESTIMATE: o->estimate = 1; break;
+        case O_DEVMEM: rc = parse_size(optarg, "--device-mem", &o->device_mem, e); break;
         case 'q': o->quiet = 1; break;
         case 'h': usage(stdout); return -1;
         case 'V': printf("flux-sim %s\n", FLUX_SIM_VERSION); return -1;
@@ -365,6 +394,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         return fs_errf(e, FS_E_INPUT, "--match bf16 is the high-precision reference of a bf16 run: use it with --precision "
                                       "fp64 (or fp32), not bf16");
     if (o->brk && !o->check) return fs_errf(e, FS_E_INPUT, "--break-on-divergence needs --check");
+    if (o->device_mem && !o->estimate) return fs_errf(e, FS_E_INPUT, "--device-mem is a question for --estimate");
     if ((o->dump_modules || o->dump_steps) && !o->dump && !o->dump_per_rank && !o->check)
         return fs_errf(e, FS_E_INPUT, "%s selects what is recorded, but nothing records: add --dump, --dump-per-rank or --check",
                        o->dump_modules ? "--dump-modules" : "--dump-steps");
@@ -500,6 +530,153 @@ static int inputs_complete(const char *path, fs_err *e)
     return rc;
 }
 
+/* The run as fs_estimate sees it: sizes, layout, what is recorded, how weights are held. The
+ * refusal before allocating and --estimate use the same request. full: this rank holds unsharded
+ * weights (tp 1, rank 0 of an in-job --check, fused-qkv). */
+static void estimate_request(const opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps, int tp,
+                             int uly, int ring, const fs_select *sel, int root, int full, fs_estimate_req *r)
+{
+    const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
+    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    *r = (fs_estimate_req){.cfg = cfg, .dtype_size = (int)fs_dtype_size(dt), .batch = B, .img_tokens = Si,
+                           .txt_tokens = St, .steps = steps, .tp = tp, .ulysses = uly, .ring = ring,
+                           .ring_p2p = o->rotate && !strcmp(o->rotate, "p2p"), .threads = o->threads,
+                           .full_weights = full, .check = o->check, .check_in_job = root && o->check && !o->check_ref,
+                           .recording = root && (o->dump || o->check), /* rank 0 assembles */ .ranks_per_machine = 1, .config_src = o->config,
+                           .inputs_src = o->inputs, .grid_h = o->gen.grid_h, .grid_w = o->gen.grid_w,
+                           .dump_path = o->dump, .dump_compressed = o->compress > 0,
+                           .stream = fused || !strcmp(o->stream, "off") ? 0 : !strcmp(o->stream, "on") ? 1 : -1,
+                           .steps_recorded = sel->steps.all ? 0 : sel->steps.n,
+                           .modules_narrowed = sel->modules.n > 0, .baseline_bytes = FS_ESTIMATE_BASELINE};
+    /* several ranks on one machine run one thread each unless --threads says otherwise */
+    if (!o->threads && tp * uly * ring > 1) r->threads = 1;
+}
+
+/* A run that cannot fit is refused before its weights are made: the memory of every rank on
+ * this machine (rank 0 holds the whole model during an in-job --check reference) against the
+ * smallest limit that applies, and an uncompressed dump against its file system's free space. */
+static int refuse_if_too_big(const opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps,
+                             const fs_select *sel, int world_size, int ranks_here, fs_err *e)
+{
+    int tp = o->tp, uly = o->ulysses, ring = o->ring; /* the layout run() will pick */
+    if (!tp && !uly && !ring) fs_par_default_layout(cfg, world_size, &tp, &uly, &ring);
+    tp = tp ? tp : 1;
+    uly = uly ? uly : 1;
+    ring = ring ? ring : 1;
+    fs_estimate_req r0, r1;
+    fs_estimate e0, e1;
+    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 1, tp == 1 || (o->check && !o->check_ref) || fused, &r0);
+    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 0, tp == 1 || fused, &r1);
+    int rc = fs_estimate_compute(&r0, &e0, e);
+    if (!rc) rc = fs_estimate_compute(&r1, &e1, e);
+    if (rc) return rc;
+    if (ranks_here > 1) { /* rank 0 and the others, as an average per rank for the message */
+        r0.ranks_per_machine = ranks_here;
+        e0.rank_bytes = (e0.rank_bytes + (uint64_t)(ranks_here - 1) * e1.rank_bytes) / (uint64_t)ranks_here;
+    }
+    char what[64];
+    const uint64_t mem = fs_estimate_mem_limit(what, sizeof what);
+    return fs_estimate_check(&r0, &e0, mem, what, o->dump ? fs_estimate_disk_free(o->dump) : UINT64_MAX, e);
+}
+
+/* --estimate: the run's needs, printed by rank 0; nothing is allocated beyond the config (and a
+ * replayed dump's inputs). The layout is --tp/--ulysses/--ring, or the default for the ranks
+ * the job has; every rank of it is assumed on this machine for "fits here". */
+static int estimate_main(const opts *o, fs_err *e)
+{
+    const fs_group *world = fs_comm_world();
+    fs_config cfg;
+    fs_inputs in = {0};
+    fs_select sel = {0};
+    int rc = fs_select_parse(&sel, o->dump_modules, o->dump_steps, e);
+    int B = o->gen.batch, steps = o->gen.steps;
+    int64_t Si = (int64_t)o->gen.grid_h * o->gen.grid_w, St = o->gen.txt_len;
+    if (!rc && o->inputs) {
+        if (!(rc = fs_dump_read_inputs(o->inputs, FS_F32, &cfg, &in, e))) {
+            B = in.B;
+            Si = in.S_img;
+            St = in.S_txt;
+            steps = in.n_steps;
+        }
+    } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
+    int tp = o->tp, uly = o->ulysses, ring = o->ring;
+    if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
+    tp = tp ? tp : 1;
+    uly = uly ? uly : 1;
+    ring = ring ? ring : 1;
+    const int n = tp * uly * ring, fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    if (!rc && (cfg.num_attention_heads % tp || cfg.num_attention_heads / tp % uly))
+        rc = fs_errf(e, FS_E_INPUT, "--estimate: %d heads do not divide over tp %d x ulysses %d",
+                     cfg.num_attention_heads, tp, uly);
+    fs_estimate_req r0, r1;
+    fs_estimate e0 = {0}, e1 = {0};
+    if (!rc) {
+        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 1,
+                         tp == 1 || (o->check && !o->check_ref) || fused, &r0);
+        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 0, tp == 1 || fused, &r1);
+        if (!(rc = fs_estimate_compute(&r0, &e0, e))) rc = fs_estimate_compute(&r1, &e1, e);
+        if (n == 1) { /* the one rank is rank 0 */
+            r1 = r0;
+            e1 = e0;
+        }
+    }
+    fs_inputs_free(&in);
+    fs_select_free(&sel);
+    if (rc || world->rank) return rc;
+
+    char b[16][32], what[64];
+#define BY(i, v) fs_estimate_bytes_str((v), b[i], sizeof b[i])
+    const char *dtn = !strcmp(o->precision, "bf16") ? "bf16" : o->precision;
+    printf("flux-sim --estimate: %d double + %d single blocks, D %d (%.3g B parameters), %s; batch %d, %lld image + "
+           "%lld text tokens, %d step%s\n",
+           cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads * cfg.attention_head_dim,
+           (double)e0.params * 1e-9, dtn, B, (long long)Si, (long long)St, steps, steps == 1 ? "" : "s");
+    printf("  layout: %d rank%s, tp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
+           tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "", (long long)e1.tokens_rank);
+    printf("  per rank                            flux-sim here (CPU)   a GPU holding every weight\n");
+    printf("    weights                           %10s%s   %10s\n", BY(0, e1.weight_bytes),
+           e1.streamed ? " (streamed)" : "           ", BY(1, e1.weight_resident_bytes));
+    if (e1.streamed) printf("      of which the largest block      %10s\n", BY(2, e1.block_weight_bytes));
+    printf("    inputs and latents                %10s              %10s\n", BY(3, e1.input_bytes), BY(4, e1.input_bytes));
+    printf("    activations at their peak         %10s              %10s\n", BY(5, e1.act_peak_bytes),
+           BY(6, e1.device_bytes - e1.weight_resident_bytes - e1.input_bytes));
+    if (e1.bf16_scratch_bytes) printf("    bf16 kernels' float32 copies      %10s\n", BY(7, e1.bf16_scratch_bytes));
+    if (e1.gather_bytes) printf("    rank 0 assembling a global tensor %10s\n", BY(8, e1.gather_bytes));
+    printf("    process (libraries, MPI, BLAS)    %10s\n", BY(9, r1.baseline_bytes));
+    printf("    total                             %10s              %10s (model only: no text encoders, VAE, CUDA "
+           "context or allocator cache)\n",
+           BY(10, e1.rank_bytes), BY(11, e1.device_bytes));
+    if (e0.rank_bytes != e1.rank_bytes)
+        printf("    rank 0 (%s)  %10s\n",
+               o->check && !o->check_ref && tp > 1 ? "runs the --check reference with every weight"
+                                                     : "holds every weight",
+               BY(12, e0.rank_bytes));
+    if (e0.check_ref_bytes) printf("      of which the --check reference  %10s\n", BY(13, e0.check_ref_bytes));
+    const uint64_t here = e0.rank_bytes + (uint64_t)(n - 1) * e1.rank_bytes, mem = fs_estimate_mem_limit(what, sizeof what);
+    printf("  fits here: %s (%d rank%s on this machine need %s; %s %s)\n", !mem || here <= mem ? "yes" : "NO", n,
+           n > 1 ? "s" : "", BY(14, here), what, mem ? BY(15, mem) : "unknown");
+    if (o->device_mem)
+        printf("  fits a %s device: %s (%s per GPU)\n", BY(0, o->device_mem),
+               e1.device_bytes <= o->device_mem ? "yes" : "NO", BY(1, e1.device_bytes));
+    printf("  compute per step: %.2f TFLOP for the job, %.2f TFLOP on the busiest rank (matmuls: Linear + "
+           "attention); %d step%s: %.1f TFLOP\n",
+           e0.flops_step * 1e-12, e0.flops_step_rank * 1e-12, steps, steps == 1 ? "" : "s", e0.flops_step * steps * 1e-12);
+    printf("  collectives per step, busiest rank (calls, bytes sent):");
+    if (n == 1) printf(" none (one rank)");
+    if (e1.allreduce.calls) printf(" all-reduce %llu, %s;", (unsigned long long)e1.allreduce.calls, BY(2, e1.allreduce.bytes));
+    if (e1.alltoall.calls) printf(" all-to-all %llu, %s;", (unsigned long long)e1.alltoall.calls, BY(3, e1.alltoall.bytes));
+    if (e1.ring.calls)
+        printf(" ring %s %llu, %s;", r1.ring_p2p ? "p2p" : "allgather", (unsigned long long)e1.ring.calls,
+               BY(4, e1.ring.bytes));
+    printf("\n");
+    printf("  dump: %s per step%s, %s for the run (uncompressed)\n", BY(5, e0.dump_step_bytes),
+           r0.modules_narrowed ? " (latents only: the --dump-modules volume is not estimated)" : "",
+           BY(6, e0.dump_bytes));
+#undef BY
+    return FS_OK;
+}
+
 /* A narrowed recording says so (docs/dump-format.md): root `recorded_steps`, each step's
  * `recorded_modules`, so a reader tells a module left out on purpose from a missing one. */
 static int declare_selection(fs_dump *d, const char *modules, const char *steps, fs_err *e)
@@ -547,6 +724,7 @@ static int run(const opts *o, fs_err *e)
 
     /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
      *    setup: one source of truth, received into buffers every rank allocated itself) */
+    const int ranks_here = fs_group_node_size(world); /* collective */
     if (root) {
         if (o->inputs) {
             /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
@@ -567,7 +745,12 @@ static int run(const opts *o, fs_err *e)
             }
             if (!rc && *what && memcmp(&want, &cfg, sizeof cfg))
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
-        } else if (!(rc = load_config(o->config, o->weights, &cfg, e))) {
+            if (!rc)
+                rc = refuse_if_too_big(o, &cfg, in.B, in.S_img, in.S_txt, in.n_steps, &sel, world->size, ranks_here, e);
+        } else if (!(rc = load_config(o->config, o->weights, &cfg, e)) &&
+                   /* too big for this machine? refused before the inputs or any weight is made */
+                   !(rc = refuse_if_too_big(o, &cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
+                                            o->gen.txt_len, o->gen.steps, &sel, world->size, ranks_here, e))) {
             fs_gen_params g = o->gen;
             rc = load_sched(o, &cfg, &g.sched, e);
             if (!rc) rc = fs_inputs_generate(&in, &cfg, pdt, &g, e);
@@ -841,7 +1024,7 @@ int main(int argc, char **argv)
         fs_comm_finalize();
         return 0;
     }
-    if (!rc) rc = run(&o, &e);
+    if (!rc) rc = o.estimate ? estimate_main(&o, &e) : run(&o, &e);
     if (rc && rc != FS_DIVERGED && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
     fs_comm_finalize();
     return rc == FS_OK ? 0 : rc == FS_DIVERGED ? 1 : 2;

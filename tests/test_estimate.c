@@ -86,6 +86,45 @@ static void test_weights_exact(void **s)
     fs_plan_free(&plan);
 }
 
+/* Streaming: the estimate's weights are the most the store ever holds while the model walks its
+ * blocks (fs_weights peak_bytes), in fp32 and bf16, tp 1 and 2 */
+static void test_weights_streamed_exact(void **s)
+{
+    fs_plan plan;
+    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
+    const char *presets[] = {"odd", "tiny", "default"};
+    const fs_dtype dts[] = {FS_F32, FS_BF16};
+    for (size_t k = 0; k < FS_ARRAY_LEN(presets); k++)
+        for (size_t d = 0; d < FS_ARRAY_LEN(dts); d++)
+            for (int T = 1; T <= 2; T++) {
+                fs_config c;
+                fs_config_preset(&c, presets[k], NULL);
+                fs_weights w;
+                fs_err e = {0};
+                fs_weights_opts o = {.seed = 0, .dtype = dts[d], .make_dtype = dts[d], .plan = &plan, .tp = T,
+                                     .tp_rank = T - 1, .stream = 1};
+                if (fs_weights_open(&w, &c, &o, &e)) fail_msg("%s", e.msg);
+                char pre[64];
+                for (int b = 0; b < c.num_layers + c.num_single_layers; b++) {
+                    if (b < c.num_layers) snprintf(pre, sizeof pre, "transformer_blocks.%d.", b);
+                    else snprintf(pre, sizeof pre, "single_transformer_blocks.%d.", b - c.num_layers);
+                    if (fs_weights_acquire(&w, pre, &e)) fail_msg("%s", e.msg);
+                    fs_weights_release(&w, pre);
+                }
+                fs_estimate_req r = req(&c, (int)fs_dtype_size(dts[d]), 1, 16, 8, 1);
+                r.tp = T;
+                r.full_weights = 0;
+                r.stream = 1;
+                fs_estimate est;
+                assert_int_equal(fs_estimate_compute(&r, &est, &e), 0);
+                if ((int64_t)est.weight_bytes != w.peak_bytes)
+                    fail_msg("%s %s tp %d streamed: estimate %" PRIu64 ", store peak %" PRId64, presets[k],
+                             fs_dtype_name(dts[d]), T, est.weight_bytes, w.peak_bytes);
+                fs_weights_free(&w);
+            }
+    fs_plan_free(&plan);
+}
+
 static void test_monotone_and_layouts(void **s)
 {
     fs_config c;
@@ -151,7 +190,7 @@ static void test_invalid_request(void **s)
     fs_err e = {0};
     fs_estimate_req r = req(&c, 4, 0, 16, 8, 1);
     assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
-    r = req(&c, 2, 1, 16, 8, 1);
+    r = req(&c, 3, 1, 16, 8, 1);
     assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
     r = req(&c, 4, 1, -1, 8, 1);
     assert_int_equal(fs_estimate_compute(&r, &est, &e), FS_E_INPUT);
@@ -283,7 +322,7 @@ static void test_bytes_str(void **s)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dump_step_exact),     cmocka_unit_test(test_weights_exact),
+        cmocka_unit_test(test_dump_step_exact),     cmocka_unit_test(test_weights_exact), cmocka_unit_test(test_weights_streamed_exact),
         cmocka_unit_test(test_monotone_and_layouts), cmocka_unit_test(test_saturates),
         cmocka_unit_test(test_invalid_request),     cmocka_unit_test(test_refusal_names_the_option),
         cmocka_unit_test(test_bytes_str),           cmocka_unit_test(test_mem_limit_rlimit),
