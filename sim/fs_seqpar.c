@@ -11,11 +11,19 @@
 /* Tokens held by SP rank q (its text chunk + its image chunk). */
 static int64_t tokens_of(const fs_par *p, int q) { return fs_par_txt_n(p, q) + fs_par_img_n(p, q); }
 
-/* Tokens a ring member j attends with: the concatenation over its Ulysses group. */
-static int64_t ring_chunk_tokens(const fs_par *p, int j)
+int64_t fs_seqpar_uly_block(const fs_par *p, int q)
+{
+    int64_t n = tokens_of(p, q);
+    if (p->ulysses > 1 && fs_injected(p->inject, FS_INJ_ULYSSES_UNEVEN_CHUNK)) /* torch.chunk's equal blocks */
+        for (int w = 0, g = q / p->ulysses * p->ulysses; w < p->ulysses; w++)
+            if (tokens_of(p, g + w) > n) n = tokens_of(p, g + w);
+    return n;
+}
+
+int64_t fs_seqpar_ring_chunk(const fs_par *p, int j)
 {
     int64_t n = 0;
-    for (int w = 0; w < p->ulysses; w++) n += tokens_of(p, j * p->ulysses + w);
+    for (int w = 0; w < p->ulysses; w++) n += fs_seqpar_uly_block(p, j * p->ulysses + w);
     return n;
 }
 
@@ -63,6 +71,7 @@ static int inject_pad_chunk(fs_backend *be, const fs_tensor **k, const fs_tensor
 static int ring_average(fs_backend *be, fs_tensor *acc, const fs_tensor *oi, fs_tensor *tmp, int k, fs_err *e)
 {
     int rc = tmp ? be->convert(be, tmp, oi, e) : FS_OK;
+    fs_inject_fire(FS_INJ_RING_NO_LSE);
     return rc ? rc : be->axpby(be, acc, (double)k / (k + 1), tmp ? tmp : oi, 1.0 / (k + 1), e);
 }
 
@@ -81,7 +90,7 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     if (!n) return fs_errf(e, FS_E_NOMEM, "out of memory");
     int rc = FS_OK;
     for (int j = 0; j < R; j++) {
-        n[j] = ring_chunk_tokens(p, j);
+        n[j] = fs_seqpar_ring_chunk(p, j);
         if (n[j] > maxn) maxn = n[j];
     }
     const int as_equal = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK);
@@ -91,6 +100,7 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
         return rc;
     }
     for (int j = 0; j < R; j++) {
+        if (as_equal && n[j] < maxn) fs_inject_fire(FS_INJ_SEQ_UNEVEN_CHUNK);
         if (as_equal) n[j] = maxn;
         off[j] = total;
         total += n[j];
@@ -191,6 +201,7 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
                     goto out; /* the CLI ends the job: a peer may be inside the exchange */
             }
             int64_t s4[4] = {B, n[j], h, Dh};
+            if (i > 0 && early) fs_inject_fire(FS_INJ_OVERLAP_EARLY_READ);
             fs_tensor kj = fs_tensor_reshape(i > 0 && early ? &sk : &kb[cur], 4, s4),
                       vj = fs_tensor_reshape(i > 0 && early ? &sv : &vb[cur], 4, s4);
             VISIT(&kj, &vj);
@@ -231,60 +242,86 @@ static int local_or_ring(const fs_par *p, fs_backend *be, fs_tensor *o, const fs
 
 /* ---------------------------------------------------------------- Ulysses */
 
-/* Token counts of the Ulysses group's members and their offsets in the gathered sequence. */
+/* Token counts of the Ulysses group's members, the tokens each exchanges (its own, or padded
+ * under --inject ulysses-uneven-chunk) and their offsets in the gathered sequence. */
 typedef struct uly_plan {
-    int64_t *n, *toff, *sc, *sd, *rc, *rd, S_u;
+    int64_t *n, *x, *toff, *sc, *sd, *rc, *rd, S_u;
 } uly_plan;
 
 static int uly_plan_make(const fs_par *p, uly_plan *u, fs_err *e)
 {
     const int U = p->ulysses;
-    u->n = malloc(sizeof(int64_t) * 6 * (size_t)U);
+    u->n = malloc(sizeof(int64_t) * 7 * (size_t)U);
     if (!u->n) return fs_errf(e, FS_E_NOMEM, "out of memory");
-    u->toff = u->n + U, u->sc = u->n + 2 * U, u->sd = u->n + 3 * U, u->rc = u->n + 4 * U, u->rd = u->n + 5 * U;
+    u->x = u->n + U, u->toff = u->n + 2 * U, u->sc = u->n + 3 * U, u->sd = u->n + 4 * U, u->rc = u->n + 5 * U,
+    u->rd = u->n + 6 * U;
     u->S_u = 0;
     for (int w = 0; w < U; w++) {
         u->n[w] = tokens_of(p, p->r_rank * U + w);
+        u->x[w] = fs_seqpar_uly_block(p, p->r_rank * U + w);
+        if (u->x[w] != u->n[w]) fs_inject_fire(FS_INJ_ULYSSES_UNEVEN_CHUNK);
         u->toff[w] = u->S_u;
-        u->S_u += u->n[w];
+        u->S_u += u->x[w];
     }
     return FS_OK;
 }
 
 /* Sequence-sharded x [B, s_loc, Hl, Dh] → head-sharded y [B, S_u, Hl/U, Dh]: head block w goes
- * to Ulysses rank w; the received token chunks are laid out in rank order. */
-static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, fs_err *e)
+ * to Ulysses rank w; the received token chunks are laid out in rank order.
+ * --inject ulysses-uneven-chunk (seed 002 under Ulysses): the exchange is torch.chunk's equal
+ * blocks — every member sends as many tokens as the group's longest shard, a short shard padded
+ * with zero tokens — and the receiver takes all U·max tokens as the sequence: the padding is
+ * attended like real tokens (unmasked). The inverse exchange sends the padded rows back and
+ * the owner keeps its first s_loc.
+ * --inject ulysses-early-read (seed 003 under Ulysses; `early`): the receive buffer is read
+ * before the exchange completed. Made deterministic: the blocks from the other ranks are taken
+ * from a snapshot of the receive buffer taken when the exchange was posted (a fresh buffer:
+ * zeros); the rank's own block, copied locally at posting as MPI implementations do, is right. */
+static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, int early, fs_err *e)
 {
-    const int U = p->ulysses;
+    const int U = p->ulysses, me = p->u_rank;
     const fs_dtype dt = x->dtype;
     const size_t es = fs_dtype_size(dt);
     const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
     uly_plan u;
-    fs_tensor send = {0}, recv = {0};
+    fs_tensor send = {0}, recv = {0}, stale = {0};
     int rc = uly_plan_make(p, &u, e);
     if (rc) return rc;
-    if ((rc = alloc4(be, y, dt, B, u.S_u, hb, Dh, e)) || (rc = alloc4(be, &send, dt, 1, B * s, Hl, Dh, e)) ||
+    const int64_t xs = u.x[me]; /* tokens per block this rank sends: s, or padded */
+    if ((rc = alloc4(be, y, dt, B, u.S_u, hb, Dh, e)) || (rc = alloc4(be, &send, dt, 1, B * xs, Hl, Dh, e)) ||
         (rc = alloc4(be, &recv, dt, 1, B * u.S_u, hb, Dh, e)))
         goto out;
-    const size_t blk = (size_t)(hb * Dh) * es; /* one token's head block */
-    for (int w = 0; w < U; w++) { /* pack: block w = [B, s, hb, Dh] of heads [w·hb, (w+1)·hb) */
-        u.sc[w] = B * s * hb * Dh;
+    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es; /* one token's head block; a token */
+    for (int w = 0; w < U; w++) { /* pack: block w = [B, xs, hb, Dh] of heads [w·hb, (w+1)·hb) (zero rows past s) */
+        u.sc[w] = B * xs * hb * Dh;
         u.sd[w] = w * u.sc[w];
-        u.rc[w] = B * u.n[w] * hb * Dh;
+        u.rc[w] = B * u.x[w] * hb * Dh;
         u.rd[w] = B * u.toff[w] * hb * Dh;
-        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, blk, (const char *)x->data + (size_t)w * blk,
-                         (size_t)(Hl * Dh) * es, blk, (size_t)(B * s), e)))
+        for (int64_t b = 0; b < (xs == s ? 1 : B); b++) /* one copy when unpadded: the batches are contiguous */
+            if ((rc = copy2d(be, (char *)send.data + (size_t)(u.sd[w] + b * xs * hb * Dh) * es, blk,
+                             (const char *)x->data + (size_t)(b * s) * xrow + (size_t)w * blk, xrow, blk,
+                             (size_t)(xs == s ? B * s : s), e)))
+                goto out;
+    }
+    if (early) { /* --inject ulysses-early-read: what the receive buffer holds when the exchange is posted */
+        const size_t rn = fs_tensor_nbytes(&recv);
+        if ((rc = alloc4(be, &stale, dt, 1, B * u.S_u, hb, Dh, e)) ||
+            (rc = copy2d(be, stale.data, rn, recv.data, rn, rn, 1, e)))
             goto out;
     }
     if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
-    for (int w = 0; w < U; w++) /* unpack: source w's [B, n_w, hb, Dh] into tokens [toff_w, +n_w) */
+    for (int w = 0; w < U; w++) { /* unpack: source w's [B, x_w, hb, Dh] into tokens [toff_w, +x_w) */
+        const fs_tensor *src = early && w != me ? &stale : &recv;
+        if (early && w != me) fs_inject_fire(FS_INJ_ULYSSES_EARLY_READ);
         if ((rc = copy2d(be, (char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk,
-                         (const char *)recv.data + (size_t)u.rd[w] * es, (size_t)u.n[w] * blk, (size_t)u.n[w] * blk,
+                         (const char *)src->data + (size_t)u.rd[w] * es, (size_t)u.x[w] * blk, (size_t)u.x[w] * blk,
                          (size_t)B, e)))
             goto out;
+    }
 out:
     fs_tensor_free(&send);
     fs_tensor_free(&recv);
+    fs_tensor_free(&stale);
     free(u.n);
     return rc;
 }
@@ -292,7 +329,7 @@ out:
 /* The inverse: head-sharded y [B, S_u, Hl/U, Dh] → sequence-sharded x [B, s_loc, Hl, Dh]. */
 static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e)
 {
-    const int U = p->ulysses;
+    const int U = p->ulysses, me = p->u_rank;
     const fs_dtype dt = y->dtype;
     const size_t es = fs_dtype_size(dt);
     const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
@@ -300,25 +337,29 @@ static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor
     fs_tensor send = {0}, recv = {0};
     int rc = uly_plan_make(p, &u, e);
     if (rc) return rc;
-    if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * s, Hl, Dh, e))) goto out;
-    const size_t blk = (size_t)(hb * Dh) * es;
-    for (int w = 0; w < U; w++) { /* to rank w: its tokens of my head block */
-        u.sc[w] = B * u.n[w] * hb * Dh;
+    const int64_t xs = u.x[me];
+    if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * xs, Hl, Dh, e))) goto out;
+    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es;
+    for (int w = 0; w < U; w++) { /* to rank w: its tokens (padded rows included) of my head block */
+        u.sc[w] = B * u.x[w] * hb * Dh;
         u.sd[w] = B * u.toff[w] * hb * Dh;
-        u.rc[w] = B * s * hb * Dh;
+        u.rc[w] = B * xs * hb * Dh;
         u.rd[w] = w * u.rc[w];
-        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, (size_t)u.n[w] * blk,
-                         (const char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk, (size_t)u.n[w] * blk,
+        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, (size_t)u.x[w] * blk,
+                         (const char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk, (size_t)u.x[w] * blk,
                          (size_t)B, e)))
             goto out;
     }
     if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
     /* --inject ulysses-head-order: the inverse all-to-all puts head block w back at U-1-w */
     const int flip = fs_injected(p->inject, FS_INJ_ULYSSES_HEAD_ORDER);
-    for (int w = 0; w < U; w++) /* from rank w: my tokens of its head block w */
-        if ((rc = copy2d(be, (char *)x->data + (size_t)(flip ? U - 1 - w : w) * blk, (size_t)(Hl * Dh) * es,
-                         (const char *)recv.data + (size_t)u.rd[w] * es, blk, blk, (size_t)(B * s), e)))
-            goto out;
+    if (flip) fs_inject_fire(FS_INJ_ULYSSES_HEAD_ORDER);
+    for (int w = 0; w < U; w++) /* from rank w: my first s tokens of its head block w */
+        for (int64_t b = 0; b < (xs == s ? 1 : B); b++)
+            if ((rc = copy2d(be, (char *)x->data + (size_t)(b * s) * xrow + (size_t)(flip ? U - 1 - w : w) * blk, xrow,
+                             (const char *)recv.data + (size_t)(u.rd[w] + b * xs * hb * Dh) * es, blk, blk,
+                             (size_t)(xs == s ? B * s : s), e)))
+                goto out;
 out:
     fs_tensor_free(&send);
     fs_tensor_free(&recv);
@@ -335,8 +376,10 @@ int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_
                        (long long)q->shape[2]);
     fs_tensor qu = {0}, ku = {0}, vu = {0}, ou = {0};
     int rc;
-    if ((rc = ulysses_scatter_heads(p, be, q, &qu, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, e)) ||
-        (rc = ulysses_scatter_heads(p, be, v, &vu, e)))
+    /* --inject ulysses-early-read: K and V's exchanges overlapped with Q's, and read before their wait */
+    const int early = fs_injected(p->inject, FS_INJ_ULYSSES_EARLY_READ);
+    if ((rc = ulysses_scatter_heads(p, be, q, &qu, 0, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, early, e)) ||
+        (rc = ulysses_scatter_heads(p, be, v, &vu, early, e)))
         goto out;
     if ((rc = fs_tensor_alloc_on(&ou, be, qu.dtype, 4, qu.shape, e))) goto out;
     if ((rc = local_or_ring(p, be, &ou, &qu, &ku, &vu, e))) goto out;

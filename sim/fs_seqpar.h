@@ -15,6 +15,13 @@
 #include "fs_backend.h"
 #include "fs_par.h"
 
+/* Tokens SP rank q puts through the Ulysses all-to-all: its own, or under --inject
+ * ulysses-uneven-chunk its Ulysses group's longest shard (torch.chunk's equal blocks, short
+ * ones zero-padded). */
+int64_t fs_seqpar_uly_block(const fs_par *p, int q);
+/* Tokens ring member j attends with: its Ulysses group's blocks, concatenated. */
+int64_t fs_seqpar_ring_chunk(const fs_par *p, int j);
+
 /* q, k, v, o: [B, s_local, H_local, Dh], s_local = this rank's text + image tokens. */
 int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
                         const fs_tensor *v, fs_err *e);

@@ -780,6 +780,7 @@ static int run(const opts *o, fs_err *e)
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
     par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&par, in.S_txt, in.S_img, e);
+    if (!rc) rc = fs_inject_refuse(par.inject, &par, &cfg, &in, e); /* an --inject that cannot act: exit 2 */
     if ((rc = agree(world, rc, e))) goto out;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
@@ -919,16 +920,8 @@ static int run(const opts *o, fs_err *e)
     if (rc) goto out;
     if (check) rc = fs_check_finish(check, e);
     if (!rc) rc = fs_sink_finish(sink, plan.source, &lat, e);
-    if (!rc && fs_injected(&o->inject, FS_INJ_NAN_RANK) && !fs_allreduce_max_int(world, fs_inject_nan_fired))
-        rc = fs_errf(e, FS_E_INPUT, "--inject nan-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
-                                    "step %d in this run (module paths as in a dump's `order`)",
-                     o->inject.nan.rank, o->inject.nan.module, o->inject.nan.step, o->inject.nan.rank,
-                     o->inject.nan.module, o->inject.nan.step);
-    if (!rc && fs_injected(&o->inject, FS_INJ_FAIL_RANK)) /* it would have ended the job */
-        rc = fs_errf(e, FS_E_INPUT, "--inject fail-rank:%d:%s:%d never fired: no rank %d, no module '%s' recorded, or no "
-                                    "step %d in this run",
-                     o->inject.fail.rank, o->inject.fail.module, o->inject.fail.step, o->inject.fail.rank,
-                     o->inject.fail.module, o->inject.fail.step);
+    int rc_inj = fs_inject_after_run(par.inject, world, rc ? NULL : e); /* a collective: armed but never fired */
+    if (!rc) rc = rc_inj;
     if ((rc = agree(world, rc, e))) goto out;
     double wpeak = (double)w.peak_bytes; /* every rank: a collective */
     fs_allreduce_max_double(world, &wpeak, 1);

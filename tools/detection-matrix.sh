@@ -5,9 +5,13 @@
 # docs/detection-matrix.md); progress goes to stderr, each run's full output to $MATRIX_LOGS
 # (default build/matrix-logs).
 #
-# A cell is the first divergence --check reports (`sN · module`), `OK` when --check passed, or
-# `ERROR(rc)` for anything else (exit 2, a timeout = 124, a missing report). Exits non-zero if the
-# no-injection row is not all OK or if any cell is ERROR.
+# A cell is the first divergence --check reports (`sN · module`), `n/a` when flux-sim refused the
+# injection before any compute because it cannot fire under that layout (exit 2, "cannot fire
+# under"), `no effect` when it refused it because it would fire but change nothing there (exit 2,
+# "fires but cannot change anything"), `OK` when --check passed, or `ERROR(rc)` for anything else
+# (any other exit 2, a timeout = 124, a missing report). Exits non-zero if the no-injection row is
+# not all OK, if a bug row has an OK (an injection that ran and was not caught: a miss), or if any
+# cell is ERROR.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -39,11 +43,13 @@ trap 'rm -rf "$SNAP"' EXIT
 cp "$BIN" "$SNAP/flux-sim" || exit 2
 BIN=$SNAP/flux-sim
 
-# The catalogue: first word of each indented line of `--inject list`; nan-rank gets a concrete spec.
+# The catalogue: first word of each indented line of `--inject list`; nan-rank gets a concrete spec;
+# fail-rank is a fault that ends the job, not a bug for --check (tests/rank_failure.sh).
 BUGS=()
 while read -r name _; do
   case "$name" in
   nan-rank:*) BUGS+=("$NAN_SPEC") ;;
+  fail-rank:*) ;;
   *) BUGS+=("$name") ;;
   esac
 done < <("$BIN" --inject list | grep -E '^  [a-z]')
@@ -65,6 +71,10 @@ run_case() { # bug-or-empty layout nranks
   CELL="ERROR($rc)"; RANKS=""
   if [ $rc -eq 0 ] && grep -q '^flux-sim --check: OK' <<<"$out"; then
     CELL=OK
+  elif [ $rc -eq 2 ] && grep -q '^flux-sim: error: --inject .* cannot fire under ' <<<"$out"; then
+    CELL=n/a
+  elif [ $rc -eq 2 ] && grep -q '^flux-sim: error: --inject .* fires but cannot change anything under ' <<<"$out"; then
+    CELL="no effect"
   elif [ $rc -eq 1 ] && line=$(grep -m1 '^flux-sim --check: DIVERGED at step ' <<<"$out"); then
     line=${line#flux-sim --check: DIVERGED at step }
     step=${line%%,*}; mod=${line#*, }
@@ -105,12 +115,13 @@ done
 elapsed=$(( $(date +%s) - t0 ))
 
 # ---------------------------------------------------------------- the document
-bad=0; nerr=0; nfp=0
+bad=0; nerr=0; nfp=0; nmiss=0
 for bug in "${rows[@]}"; do
   for l in "${LAYOUTS[@]}"; do
     c=${CELLS["$bug|${l%|*}"]}
     case "$c" in ERROR*) nerr=$((nerr + 1)); bad=1 ;; esac
     if [ -z "$bug" ] && [ "$c" != OK ]; then nfp=$((nfp + 1)); bad=1; fi
+    if [ -n "$bug" ] && [ "$c" = OK ]; then nmiss=$((nmiss + 1)); bad=1; fi
   done
 done
 
@@ -138,8 +149,16 @@ Every cell is one run of
 \`--inject $NAN_SPEC\`). RANKS is given in each column header.
 
 - \`sN · module\`: \`--check\` exited 1, reporting its first divergence at step N in that module.
-- \`OK\`: \`--check\` passed (exit 0) — the bug cannot show under that layout (n/a).
-- \`ERROR(rc)\`: anything else (exit 2, 124 = timeout, no report); never expected.
+- \`n/a\`: flux-sim refused the injection before any compute (exit 2, one line: "cannot fire under
+  LAYOUT: why; it shows under ..."): its code path does not exist in that layout.
+- \`no effect\`: refused likewise because it would fire but cannot change any result in that
+  layout and shape ("fires but cannot change anything under ...").
+- \`OK\`: \`--check\` passed (exit 0). Expected only in the no-injection row; in a bug row it would
+  be an injection that ran and was not caught (a miss), and the script fails.
+- \`ERROR(rc)\`: anything else (another exit 2, 124 = timeout, no report); never expected.
+
+\`fail-rank\` (a fault that ends the job, not a wrong result) is tested by \`tests/rank_failure.sh\`,
+not here.
 
 Module legend: \`tb.N\` = \`transformer_blocks.N\` (double-stream), \`stb.N\` =
 \`single_transformer_blocks.N\`, \`tte\` = \`time_text_embed\`; other names are flux-sim's module paths
@@ -154,7 +173,7 @@ for bug in "${rows[@]}"; do
   r="| $label |"
   for l in "${LAYOUTS[@]}"; do
     c=${CELLS["$bug|${l%|*}"]}
-    case "$c" in OK) r+=" OK |" ;; ERROR*) r+=" **$c** |" ;; *) r+=" $c |" ;; esac
+    case "$c" in OK) r+=" ${bug:+**}OK${bug:+**} |" ;; ERROR*) r+=" **$c** |" ;; *) r+=" $c |" ;; esac
   done
   echo "$r"
 done
@@ -169,7 +188,7 @@ element lies in the piece of rank(s) R (report: \`element held by rank(s) R\`; f
 tensor that is every rank holding it). \`replicated: a≠b\` / \`sharded: a≠b\`: ranks that should
 hold the same piece disagree (report: \`ranks holding the same replicated|sharded piece disagree:
 rank a != rank b\`), caught from the pieces' hashes before any comparison with the
-reference. \`—\` where the cell is OK.
+reference. \`—\` where the cell is OK, n/a or no effect.
 
 EOF
 header_row "bug \\ layout"
@@ -178,15 +197,17 @@ for bug in "${rows[@]}"; do
   r="| $label |"
   for l in "${LAYOUTS[@]}"; do
     c=${CELLS["$bug|${l%|*}"]}; x=${RANKMAP["$bug|${l%|*}"]}
-    case "$c" in OK) r+=" — |" ;; ERROR*) r+=" **$c** |" ;; *) r+=" $x |" ;; esac
+    case "$c" in OK | n/a | "no effect") r+=" — |" ;; ERROR*) r+=" **$c** |" ;; *) r+=" $x |" ;; esac
   done
   echo "$r"
 done
 
 echo
 if [ $bad -eq 0 ]; then
-  echo "Summary: no false positive (the no-injection row is all OK) and no ERROR cell."
+  echo "Summary: no false positive (the no-injection row is all OK), no miss (no bug row has an OK: every"
+  echo "injection either diverged or was refused as unable to act) and no ERROR cell."
 else
-  echo "Summary: **FAILED** — $nfp no-injection cell(s) not OK, $nerr ERROR cell(s). Logs: \`$LOGS/\`."
+  echo "Summary: **FAILED** — $nfp no-injection cell(s) not OK, $nmiss miss(es) (a bug row with OK), $nerr"
+  echo "ERROR cell(s). Logs: \`$LOGS/\`."
 fi
 [ $bad -eq 0 ]
