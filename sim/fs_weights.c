@@ -220,7 +220,10 @@ void fs_weights_release(fs_weights *w, const char *prefix)
     if (!w->streaming) return;
     const size_t n = strlen(prefix);
     for (int i = 0; i < w->n; i++)
-        if (!strncmp(w->desc[i].name, prefix, n)) fs_tensor_free(&w->t[i]);
+        if (!strncmp(w->desc[i].name, prefix, n)) {
+            if (w->load && w->t[i].data && !w->t[i].owns) fs_wload_drop(w->load, i); /* a view's pages */
+            fs_tensor_free(&w->t[i]);
+        }
 }
 
 static void drop_all(fs_weights *w)

@@ -109,6 +109,8 @@ const char *fs_wload_path(const fs_wload *l);
 int fs_wload_nfiles(const fs_wload *l);
 /* 1 when bytes [p, p + n) lie in the checkpoint's mappings (a weight used in place). */
 int fs_wload_maps(const fs_wload *l, const void *p, size_t n);
+/* Drops parameter i's file pages from the resident set (they stay in the page cache). */
+void fs_wload_drop(const fs_wload *l, int i);
 void fs_wload_free(fs_wload *l);
 
 /* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load

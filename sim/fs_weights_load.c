@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define BFL_PREFIX "model.diffusion_model."
 
@@ -387,5 +389,19 @@ int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_
         fs_tensor_free(t);
         return fs_err_prefix(e, "%s: tensor '%s': ", fs_st_archive_file_of(&l->a, en), en->name);
     }
+    fs_wload_drop(l, i); /* decoded: the file's pages are not needed any more */
     return FS_OK;
+}
+
+/* Streaming reads the whole checkpoint once per step: without this, every page read stays mapped
+ * in our resident set (a 24 GB checkpoint would show as 24 GB RSS, and the kernel would keep it
+ * counted against us until it reclaims). MADV_DONTNEED on a read-only file mapping only unmaps:
+ * the pages stay in the page cache and a later read faults them back in, identical. Pages at the
+ * range's ends may hold a neighbour's bytes; dropping them costs that neighbour a minor fault. */
+void fs_wload_drop(const fs_wload *l, int i)
+{
+    const fs_st_entry *en = l->en[i];
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a0 = (uintptr_t)en->data / pg * pg;
+    const uintptr_t a1 = (uintptr_t)en->data + (uintptr_t)(en->end - en->begin);
+    if (a1 > a0) madvise((void *)a0, a1 - a0, MADV_DONTNEED);
 }
