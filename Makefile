@@ -9,6 +9,7 @@
 #   make GPU=cuda gpu-bundle   build/bundle: binaries + Open MPI runtime for a GPU machine
 #   make fuzz       libFuzzer harnesses tests/fuzz/fuzz_*.c, FUZZ_SECONDS each (tests/fuzz/README.md)
 #   make sanitize   the test suite on an ASan + UBSan + LSan build in build-san/ (docs/reliability.md)
+#   make sanitize-quick  the bounded subset CI runs
 #   make valgrind   memcheck of one single-rank run (tests/valgrind.sh)
 # Dependencies come from pkg-config and mpicc; nothing is hard-coded.
 
@@ -216,11 +217,14 @@ fuzz: fuzz-build
 # OPT, not CFLAGS: a command-line CFLAGS would replace -fopenmp -Isim ... (see CFLAGS above).
 SAN_B   := build-san
 SAN_OPT := -O1 -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer
-.PHONY: sanitize sanitize-build valgrind
+.PHONY: sanitize sanitize-build sanitize-quick valgrind
 sanitize-build:
 	$(MAKE) B=$(SAN_B) OPT="$(SAN_OPT)" all
 sanitize: sanitize-build
 	@FLUX_BUILD=$(SAN_B) tools/run-sanitize.sh
+# the bounded run CI does (~8 minutes): the input, error, fault and reader tests + the LSan mpirun pass
+sanitize-quick: sanitize-build
+	@FLUX_BUILD=$(SAN_B) FLUX_SANITIZE_QUICK=1 tools/run-sanitize.sh
 
 # valgrind of one single-rank run (memcheck, Open MPI suppressions): ~2 minutes, not in make test
 valgrind: $(B)/flux-sim
