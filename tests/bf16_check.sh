@@ -15,7 +15,9 @@
 #      tensor once, from the lowest rank holding it, so rank 1's wrong timestep first shows where
 #      its own piece is written: the colwise to_q of block 0; --check, which hashes every copy,
 #      stops at time_proj itself — part 5);
-#   5. every --inject bug is still caught by --check in bf16, at its step and module.
+#   5. every --inject bug (`flux-sim --inject list`, fail-rank aside: a fault, tests/rank_failure.sh)
+#      is still caught by --check in bf16, at its step and module.
+# Real PyTorch bf16 runs with real bugs, judged by the same verdict: tests/bf16_torch_bugs.sh.
 set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
@@ -116,7 +118,16 @@ CASES=(
   "seq-uneven-chunk|3|--ring 3 --ring-rotate p2p|0 transformer_blocks.0.attn.to_out.0"
   "fused-qkv-contiguous|2|--tp 2|0 transformer_blocks.0.attn.to_q"
   "nan-rank:1:transformer_blocks.0.attn.to_k:1|2|--tp 2|1 transformer_blocks.0.attn.to_k"
+  "ulysses-uneven-chunk|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
+  "ulysses-early-read|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
 )
+# every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
+kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')
+[ -n "$kinds" ] || bad "flux-sim --inject list named no bug"
+for k in $kinds; do
+  [ "$k" = fail-rank ] && continue
+  printf '%s\n' "${CASES[@]}" | grep -q "^$k[|:]" || bad "--inject $k (flux-sim --inject list) has no bf16 case in part 5"
+done
 for cs in "${CASES[@]}"; do
   IFS='|' read -r bug n layout want <<<"$cs"
   out=$(run "$n" --precision bf16 --grid 5x7 --txt-len 13 --steps 2 --check -q $layout --inject "$bug" 2>&1); rc=$?
