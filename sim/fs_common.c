@@ -1,8 +1,13 @@
 #include "fs_common.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int fs_errf(fs_err *e, int code, const char *fmt, ...)
 {
@@ -44,4 +49,62 @@ const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n)
         o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (o < n) snprintf(buf + o, n - o, "]");
     return buf;
+}
+
+int fs_read_text_file(const char *path, const char *what, const char *limit, size_t max, char **text, fs_err *e)
+{
+    *text = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", path, what, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return fs_errf(e, FS_E_IO, "%s: cannot stat %s: %s", path, what, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: %s is %s, not a regular file", path, what,
+                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: %s file is %lld bytes; %s %zu bytes", path, what, (long long)st.st_size,
+                       limit, max);
+    }
+    char *buf = malloc((size_t)st.st_size + 2);
+    if (!buf) {
+        close(fd);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory reading %s", path, what);
+    }
+    /* one byte more than stat said: a file that grew meanwhile is noticed, not cut */
+    size_t got = 0, want = (size_t)st.st_size + 1;
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int err = errno;
+            close(fd);
+            free(buf);
+            return fs_errf(e, FS_E_IO, "%s: cannot read %s: %s", path, what, strerror(err));
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    const char *nul = memchr(buf, 0, got);
+    int rc = FS_OK;
+    if (got != (size_t)st.st_size)
+        rc = fs_errf(e, FS_E_IO, "%s: %s changed size while being read (%lld bytes, then %zu)", path, what,
+                     (long long)st.st_size, got);
+    else if (nul) /* a parser stops at a NUL: what follows would be dropped silently */
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s holds a NUL byte at offset %zu: not a text file", path, what,
+                     (size_t)(nul - buf));
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[got] = 0;
+    *text = buf;
+    return FS_OK;
 }

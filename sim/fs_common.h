@@ -63,4 +63,11 @@ const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 #define FS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Reads a small text file whole (a config.json, a TP plan): a regular file of at most `max`
+ * bytes, no NUL byte, read completely (a file that grows or shrinks meanwhile is an error, never
+ * cut). `what` names it in errors ("config", "plan"), `limit` says where max comes from ("a plan
+ * is at most"). *text is NUL-terminated and the caller's to free. O_NONBLOCK: a FIFO named by
+ * mistake fails the regular-file check instead of hanging open(). */
+int fs_read_text_file(const char *path, const char *what, const char *limit, size_t max, char **text, fs_err *e);
+
 #endif

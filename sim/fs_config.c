@@ -236,56 +236,10 @@ out:
 int fs_config_from_file(fs_config *c, const char *path, fs_err *e)
 {
     memset(c, 0, sizeof *c);
-    /* O_NONBLOCK: a FIFO named by mistake must fail the regular-file check, not hang open() */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open config: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
-        return fs_errf(e, FS_E_IO, "%s: cannot stat config: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fs_errf(e, FS_E_INPUT, "%s: config is %s, not a regular file", path,
-                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
-    }
-    if (st.st_size > FS_CONFIG_MAX_FILE) {
-        close(fd);
-        return fs_errf(e, FS_E_INPUT, "%s: config file is %lld bytes; a config.json is at most %d bytes", path,
-                       (long long)st.st_size, FS_CONFIG_MAX_FILE);
-    }
-    char *buf = malloc((size_t)st.st_size + 2);
-    if (!buf) {
-        close(fd);
-        return fs_errf(e, FS_E_NOMEM, "%s: out of memory reading config", path);
-    }
-    /* read one byte more than stat said: a file that grew meanwhile is noticed, not cut */
-    size_t got = 0, want = (size_t)st.st_size + 1;
-    while (got < want) {
-        ssize_t r = read(fd, buf + got, want - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int err = errno;
-            close(fd);
-            free(buf);
-            return fs_errf(e, FS_E_IO, "%s: cannot read config: %s", path, strerror(err));
-        }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    int rc;
-    if (got != (size_t)st.st_size)
-        rc = fs_errf(e, FS_E_IO, "%s: config changed size while being read (%lld bytes, then %zu)", path,
-                     (long long)st.st_size, got);
-    else if (memchr(buf, 0, got))
-        rc = fs_errf(e, FS_E_INPUT, "%s: config holds a NUL byte at offset %zu: not a JSON text file", path,
-                     (size_t)((char *)memchr(buf, 0, got) - buf));
-    else {
-        buf[got] = 0;
-        rc = fs_config_from_json(c, buf, path, e);
-    }
+    char *buf;
+    int rc = fs_read_text_file(path, "config", "a config.json is at most", FS_CONFIG_MAX_FILE, &buf, e);
+    if (rc) return rc;
+    rc = fs_config_from_json(c, buf, path, e);
     free(buf);
     return rc;
 }

@@ -147,62 +147,15 @@ int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
 int fs_plan_load(fs_plan *p, const char *path, fs_err *e)
 {
     memset(p, 0, sizeof *p);
-    /* O_NONBLOCK: a FIFO named by mistake must fail the regular-file check, not hang open() */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open plan: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
-        return fs_errf(e, FS_E_IO, "%s: cannot stat plan: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fs_errf(e, FS_E_INPUT, "%s: plan is %s, not a regular file", path,
-                       S_ISDIR(st.st_mode) ? "a directory" : "a device, FIFO or socket");
-    }
-    if (st.st_size > FS_PLAN_MAX_FILE) {
-        close(fd);
-        return fs_errf(e, FS_E_INPUT, "%s: plan file is %lld bytes; a plan is at most %d bytes", path,
-                       (long long)st.st_size, FS_PLAN_MAX_FILE);
-    }
-    char *buf = malloc((size_t)st.st_size + 2);
-    if (!buf) {
-        close(fd);
-        return fs_errf(e, FS_E_NOMEM, "%s: out of memory reading plan", path);
-    }
-    /* one byte more than stat said: a file that grew meanwhile is noticed, not cut */
-    size_t got = 0, want = (size_t)st.st_size + 1;
-    while (got < want) {
-        ssize_t r = read(fd, buf + got, want - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int err = errno;
-            close(fd);
-            free(buf);
-            return fs_errf(e, FS_E_IO, "%s: cannot read plan: %s", path, strerror(err));
-        }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    int rc;
-    const char *nul = memchr(buf, 0, got);
-    if (got != (size_t)st.st_size)
-        rc = fs_errf(e, FS_E_IO, "%s: plan changed size while being read (%lld bytes, then %zu)", path,
-                     (long long)st.st_size, got);
-    else if (nul) /* the parser stops at a NUL: the rules after it would be dropped silently */
-        rc = fs_errf(e, FS_E_INPUT, "%s: plan holds a NUL byte at offset %zu: not a text file", path,
-                     (size_t)(nul - buf));
-    else {
-        buf[got] = 0;
-        rc = fs_plan_parse(p, buf, path, e);
-        /* a plan that splits nothing runs "tp N" as N replicas and --check says OK: almost
-         * certainly the wrong file, so it is an error, not a plan */
-        if (!rc && p->n == 0) {
-            fs_plan_free(p);
-            rc = fs_errf(e, FS_E_INPUT, "%s: plan has no rules (only blank lines and comments)", path);
-        }
+    char *buf;
+    int rc = fs_read_text_file(path, "plan", "a plan is at most", FS_PLAN_MAX_FILE, &buf, e);
+    if (rc) return rc;
+    rc = fs_plan_parse(p, buf, path, e);
+    /* a plan that splits nothing runs "tp N" as N replicas and --check says OK: almost certainly
+     * the wrong file, so it is an error, not a plan */
+    if (!rc && p->n == 0) {
+        fs_plan_free(p);
+        rc = fs_errf(e, FS_E_INPUT, "%s: plan has no rules (only blank lines and comments)", path);
     }
     free(buf);
     return rc;
