@@ -154,6 +154,11 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const uint64_t blocks = mul(add(mul((uint64_t)c->num_layers, wr.dbl), mul((uint64_t)c->num_single_layers, wr.sgl)), es);
     out->streamed = r->stream < 0 ? blocks > (uint64_t)FS_STREAM_AUTO_BYTES : r->stream > 0;
     out->weight_bytes = out->streamed ? add(mul(we.top, es), out->block_weight_bytes) : out->weight_resident_bytes;
+    /* decoding a parameter from the mmap'd checkpoint maps its file pages until it is decoded
+     * (fs_wload_drop then unmaps them): the largest, an AdaLN linear [6D, D] */
+    if (r->ckpt_dtype_size > 0)
+        out->staging_bytes = mul(max2(max2(mul(6 * D, D), mul(D + F, D)), mul((uint64_t)c->joint_attention_dim, D)),
+                                 (uint64_t)r->ckpt_dtype_size);
 
     /* fs_inputs (whole on every rank): noise, text embeddings, pooled, ids (f64), guidance,
      * sigmas, timesteps; the sampler's latents, this rank's slice and the velocity */
@@ -253,7 +258,8 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         const uint64_t widest = mul3(B, Sg, F);
         out->gather_bytes = add(mul(widest, es), r->check ? mul3(2, widest, 8) : 0);
     }
-    out->rank_bytes = add(add(add(r->baseline_bytes, out->weight_bytes), add(out->input_bytes, out->bf16_scratch_bytes)),
+    out->rank_bytes = add(add(add(r->baseline_bytes, add(out->weight_bytes, out->staging_bytes)),
+                              add(out->input_bytes, out->bf16_scratch_bytes)),
                           add(out->act_peak_bytes, add(out->check_ref_bytes, out->gather_bytes)));
     return FS_OK;
 }

@@ -81,6 +81,8 @@ typedef struct fs_estimate_req {
     int steps_recorded;       /* --dump-steps: steps recorded (0: all) */
     int modules_narrowed;     /* --dump-modules: the recorded volume is that of the modules matched,
                                  not estimated (only latents_in/out are counted) */
+    int ckpt_dtype_size;      /* weights read from a checkpoint stored in this element size (2: BF16,
+                                 as FLUX.1 ships); 0: synthetic */
     uint64_t baseline_bytes;  /* the process itself (libraries, MPI, OpenBLAS and HDF5 buffers),
                                  added to rank_bytes; FS_ESTIMATE_BASELINE for flux-sim */
 } fs_estimate_req;
@@ -111,10 +113,11 @@ typedef struct fs_estimate {
     uint64_t gather_bytes;        /* rank 0 assembling one global tensor (parallel recording) */
     uint64_t dump_step_bytes;     /* datasets of one step of a full dump */
     uint64_t dump_bytes;          /* the whole dump: every step + /inputs + /final */
-    uint64_t rank_bytes;          /* the busiest rank: baseline + weights + inputs + act_peak + check_ref + gather */
+    uint64_t rank_bytes;          /* the busiest rank: baseline + weights + staging + inputs + act_peak + check_ref + gather */
     int streamed;                 /* the weights are streamed (r->stream, auto resolved) */
     uint64_t weight_resident_bytes; /* every parameter of this rank's shard held at once (--stream off) */
     uint64_t block_weight_bytes;  /* the largest block's shard: what streaming holds beyond the embedders */
+    uint64_t staging_bytes;       /* the checkpoint pages of the tensor being decoded (the largest) */
     uint64_t bf16_scratch_bytes;  /* bf16 on the CPU: float32 copies a kernel makes (largest Linear) */
     uint64_t device_bytes;        /* a GPU rank of the same layout and dtype holding every weight (the
                                      diffusers way): weight_resident + activations, no CPU scratch */

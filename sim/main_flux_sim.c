@@ -552,7 +552,10 @@ static void estimate_request(const opts *o, const fs_config *cfg, int B, int64_t
                            .dump_path = o->dump, .dump_compressed = o->compress > 0,
                            .stream = fused || !strcmp(o->stream, "off") ? 0 : !strcmp(o->stream, "on") ? 1 : -1,
                            .steps_recorded = sel->steps.all ? 0 : sel->steps.n,
-                           .modules_narrowed = sel->modules.n > 0, .baseline_bytes = FS_ESTIMATE_BASELINE};
+                           .modules_narrowed = sel->modules.n > 0, .baseline_bytes = FS_ESTIMATE_BASELINE,
+                           /* FLUX.1 checkpoints ship in BF16; an F32 one is read as views (its pages
+                              are the weights), which this slightly overstates */
+                           .ckpt_dtype_size = o->weights ? 2 : 0};
     /* several ranks on one machine run one thread each unless --threads says otherwise */
     if (!o->threads && tp * uly * ring > 1) r->threads = 1;
 }
@@ -646,6 +649,7 @@ static int estimate_main(const opts *o, fs_err *e)
     printf("    inputs and latents                %10s              %10s\n", BY(3, e1.input_bytes), BY(4, e1.input_bytes));
     printf("    activations at their peak         %10s              %10s\n", BY(5, e1.act_peak_bytes),
            BY(6, e1.device_bytes - e1.weight_resident_bytes - e1.input_bytes));
+    if (e1.staging_bytes) printf("    checkpoint pages being decoded    %10s\n", BY(7, e1.staging_bytes));
     if (e1.bf16_scratch_bytes) printf("    bf16 kernels' float32 copies      %10s\n", BY(7, e1.bf16_scratch_bytes));
     if (e1.gather_bytes) printf("    rank 0 assembling a global tensor %10s\n", BY(8, e1.gather_bytes));
     printf("    process (libraries, MPI, BLAS)    %10s\n", BY(9, r1.baseline_bytes));
