@@ -916,7 +916,7 @@ static int run(const opts *o, fs_err *e)
         fflush(stdout);
     }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    if (rc && world->size > 1 && !fs_check_agreed_error(check)) end_job(world, e);
+    if (rc && world->size > 1 && !fs_check_agreed_error(check) && !fs_sink_agreed_error(sink)) end_job(world, e);
     if (rc) goto out;
     if (check) rc = fs_check_finish(check, e);
     if (!rc) rc = fs_sink_finish(sink, plan.source, &lat, e);
