@@ -1018,6 +1018,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!rc) rc = o.estimate ? estimate_main(&o, &e) : run(&o, &e);
+    /* the outcome is decided and every dump published or deleted: a SIGTERM from here on is
+     * mpirun ending the stragglers because another rank already exited non-zero (a race in every
+     * failed job) and must not add a second message */
+    sig_quiet = 1;
     if (rc && rc != FS_DIVERGED && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
     fs_comm_finalize();
     return rc == FS_OK ? 0 : rc == FS_DIVERGED ? 1 : 2;
