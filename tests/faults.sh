@@ -5,18 +5,23 @@
 # with the documented exit code (docs/reliability.md, "Faults"), leave no file at the --dump
 # path that could pass for a complete dump, and leave no *.tmp.* temporary anywhere.
 #
-# The full disk is a 2 MiB tmpfs and the read-only target a read-only tmpfs (mount(8): needs
-# root with CAP_SYS_ADMIN). Where mount is not permitted (an unprivileged container), or with
-# FLUX_FAULTS_SHIM=1, an LD_PRELOAD shim built here with cc plays the file system instead:
-# write/pwrite/pwritev to files under the directory fail with ENOSPC once a process has written
-# FLUX_FAULT_ENOSPC_AFTER bytes there, and opening a file for writing or creating a directory
-# there fails with EROFS.
+# Two ways to fill a disk, both run when available:
+#  * shim: an LD_PRELOAD library built here with cc. write/pwrite/pwritev to files under a
+#    directory fail with ENOSPC once a process has written FLUX_FAULT_ENOSPC_AFTER bytes there
+#    (0: full from the start); with FLUX_FAULT_EROFS, opening a file there for writing or making a
+#    directory fails with EROFS. Deterministic, needs no privilege, and statvfs still shows free
+#    space, so the failure comes from the writes themselves (flux-sim refuses a dump bigger than
+#    the free space before it starts: fs_estimate).
+#  * mount: real tmpfs file systems (root with CAP_SYS_ADMIN; skipped, saying so, where mount is
+#    not permitted). A 2 MiB one: a plain dump is refused up front, a compressed or per-rank dump
+#    (size unknown in advance) fills it. A 40 MiB one filled while the run is stopped (SIGSTOP)
+#    right after it created its temporary. A read-only one.
 #
 # Probe defects covered (../shared/reliability-probe.md): #3 (parallel --check --dump on a full
 # disk hung), #4 (single-rank ENOSPC: error, then SIGSEGV, exit 139), #7 (temporaries left by
 # kills, signals and aborts), #8 (a signal to mpirun: nothing printed), #9 (a --dump-per-rank
 # write failure: no flux-sim message, temporaries left), #14 (parallel ENOSPC said only "HDF5
-# error").
+# error"). FLUX_FAULTS_NO_MOUNT=1 runs without the mount cases.
 set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
@@ -27,24 +32,16 @@ pass=0; fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 cleanup() {
-  for m in "$T/full" "$T/ro"; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
+  for m in "$T/small" "$T/big" "$T/ro"; do mountpoint -q "$m" 2>/dev/null && umount "$m"; done
   rm -rf "$T"
 }
 trap cleanup EXIT
 # Under ASan (make sanitize) everything is a few times slower.
 SLOW=1; [ -n "${FLUX_SANITIZE:-}" ] && SLOW=4
+mkdir -p "$T/d" "$T/shim" "$T/small" "$T/big" "$T/ro"
 
-# ---------------------------------------------------------------- the file systems
-mkdir -p "$T/full" "$T/ro" "$T/d"
-MODE=mount
-if [ -n "${FLUX_FAULTS_SHIM:-}" ] || ! mount -t tmpfs -o size=2m tmpfs "$T/full" 2>/dev/null; then
-  MODE=shim
-elif ! mount -t tmpfs -o size=64k,ro tmpfs "$T/ro" 2>/dev/null; then
-  umount "$T/full"; MODE=shim
-fi
-SHIM=
-if [ $MODE = shim ]; then
-  cat >"$T/shim.c" <<'C'
+# ---------------------------------------------------------------- the shim
+cat >"$T/shim.c" <<'C'
 /* LD_PRELOAD: a full or read-only file system under $FLUX_FAULT_DIR (tests/faults.sh). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -110,42 +107,39 @@ OPENATLIKE(openat)
 OPENATLIKE(openat64)
 int mkdir(const char *p, mode_t m) { REAL(mkdir); if (rofs(p, O_CREAT)) { errno = EROFS; return -1; } return real_mkdir(p, m); }
 C
-  if ! cc -shared -fPIC -O1 -o "$T/shim.so" "$T/shim.c" -ldl 2>"$T/cc.log"; then
-    echo "*** SKIPPED the full-disk and read-only cases: mount is not permitted and the shim does not build — they did NOT run ***"
-    cat "$T/cc.log"; MODE=none
-  else
-    SHIM=$T/shim.so
-  fi
+SHIM=
+if cc -shared -fPIC -O1 -o "$T/shim.so" "$T/shim.c" -ldl 2>"$T/cc.log"; then
+  SHIM=$T/shim.so
+  # under ASan the sanitizer runtime must come first in LD_PRELOAD
+  if [ -n "${FLUX_SANITIZE:-}" ]; then SHIM="$(ldd "$SIM" | awk '/libasan/ {print $3}'):$SHIM"; fi
+else
+  echo "*** SKIPPED the shim cases: cc cannot build the LD_PRELOAD shim — they did NOT run ***"; cat "$T/cc.log"
 fi
-echo "file systems: $MODE ($( [ $MODE = mount ] && echo '2 MiB tmpfs, read-only tmpfs' || echo "LD_PRELOAD shim: ENOSPC after 2 MiB per process, EROFS"))"
-# the shim is also what ASan must load after itself: LD_PRELOAD=shim would come first and break it
-if [ -n "$SHIM" ] && [ -n "${FLUX_SANITIZE:-}" ]; then
-  ASANLIB=$(ldd "$SIM" | awk '/libasan/ {print $3}')
-  SHIM="$ASANLIB:$SHIM"
+# ---------------------------------------------------------------- the mounts
+MOUNT=
+if [ -z "${FLUX_FAULTS_NO_MOUNT:-}" ] && mount -t tmpfs -o size=2m tmpfs "$T/small" 2>/dev/null; then
+  if mount -t tmpfs -o size=40m tmpfs "$T/big" && mount -t tmpfs -o size=40m,ro tmpfs "$T/ro"; then MOUNT=1
+  else echo "*** SKIPPED the mount cases: a second tmpfs could not be mounted — they did NOT run ***"; fi
+else
+  echo "*** SKIPPED the mount cases: mount -t tmpfs is not permitted here (or FLUX_FAULTS_NO_MOUNT) — they did NOT run ***"
 fi
+[ -z "$SHIM$MOUNT" ] && echo "*** neither way to fill a disk is available: only the kill and signal cases run ***"
 
-# run NAME KIND ARGS...: KIND full|fullnow|ro|none selects the target; ARGS may use @D (the
-# target directory). Sets rc, secs, and log in $T/log.
+# what a fault may leave: no dump-looking file, no temporary, anywhere under T
+leftovers() { (cd "$T" && find d shim small big ro \( -name '*.h5' -o -name '*.tmp.*' \) 2>/dev/null | tr '\n' ' '); }
+nlines() { grep -c "^flux-sim: " "$T/log"; }
+wipe() { rm -rf "$T"/d/* "$T"/shim/* "$T"/small/* "$T"/big/* 2>/dev/null; }
+# run ENV... -- CMD...: runs CMD (flux-sim or mpirun ... flux-sim) with the environment settings
+# ENV (also passed to the ranks with mpirun -x); sets rc and secs, output in $T/log
 run() {
-  local kind=$1; shift
-  local dir=$T/d env=()
-  case $kind in
-    full|fullnow) dir=$T/full; [ $MODE = shim ] && env=(LD_PRELOAD="$SHIM" FLUX_FAULT_DIR="$dir" FLUX_FAULT_ENOSPC_AFTER=$([ $kind = fullnow ] && echo 0 || echo 2097152));;
-    ro) dir=$T/ro; [ $MODE = shim ] && env=(LD_PRELOAD="$SHIM" FLUX_FAULT_DIR="$dir" FLUX_FAULT_EROFS=1);;
-  esac
-  rm -rf "$T/d"/* "$T/ro"/* 2>/dev/null; [ $kind != fullnow ] && rm -rf "$T/full"/*
-  if [ $kind = fullnow ] && [ $MODE = mount ]; then rm -rf "$T/full"/*; dd if=/dev/zero of="$T/full/filler" bs=64k 2>/dev/null; fi
-  local args=() a
-  for a in "$@"; do args+=("${a//@D/$dir}"); done
-  local xs=()
-  if [ "${args[0]}" = mpirun ] && [ ${#env[@]} -gt 0 ]; then for a in "${env[@]}"; do xs+=(-x "$a"); done; args=(mpirun "${xs[@]}" "${args[@]:1}"); fi
+  local env=() xs=() a
+  while [ "$1" != -- ]; do env+=("$1"); shift; done; shift
+  local cmd=("$@")
+  if [ "${cmd[0]}" = mpirun ]; then for a in "${env[@]}"; do xs+=(-x "$a"); done; cmd=(mpirun "${xs[@]}" "${cmd[@]:1}"); fi
   local start=$(date +%s%N)
-  env "${env[@]}" timeout $((60 * SLOW)) "${args[@]}" </dev/null >"$T/log" 2>&1; rc=$?
+  env "${env[@]}" timeout $((60 * SLOW)) "${cmd[@]}" </dev/null >"$T/log" 2>&1; rc=$?
   secs=$(( ($(date +%s%N) - start) / 1000000000 ))
 }
-# what a fault may leave: no dump-looking file, no temporary, anywhere under T
-leftovers() { (cd "$T" && find d full ro -name '*.h5' -o -name '*.tmp.*' 2>/dev/null | grep -v '^full/filler$' | tr '\n' ' '); }
-nlines() { grep -c "^flux-sim: " "$T/log"; }
 # expect TAG RC REGEX MAXSECS: the exit code, exactly one flux-sim line matching REGEX, nothing left
 expect() {
   local tag=$1 want=$2 re=$3 max=$(( $4 * SLOW )) left n
@@ -156,39 +150,85 @@ expect() {
     bad "$tag: exit $rc (want $want) after ${secs}s (max $max), $n flux-sim lines (want 1 matching '$re'), left: ${left:-nothing}"
     grep -v '^ ' "$T/log" | head -12
   fi
+  wipe
 }
 
-A="--grid 4x4 --txt-len 8 --steps 2"   # a 6.6 MB dump: the 2 MiB disk fills in step 0
-if [ $MODE != none ]; then
-  # ------------------------------------------------------------ full disk (probe #3, #4, #9, #14)
-  NOSPC='.*No space left on device'
-  run full "$SIM" -q $A --dump @D/o.h5
-  expect "ENOSPC, 1 rank, --dump (probe #4: SIGSEGV, 139)" 2 "error: $NOSPC" 30
-  run full "$SIM" -q $A --dump-compress 1 --dump @D/o.h5
-  expect "ENOSPC at the closing flush, 1 rank, --dump-compress 1 (#4)" 2 "error: .*not written: .*$NOSPC" 30
-  run fullnow "$SIM" -q $A --dump @D/o.h5
-  expect "ENOSPC, disk full before the run, 1 rank" 2 "error: .*cannot create dump.*$NOSPC" 30
-  run full mpirun -np 2 "$SIM" -q $A --dump @D/o.h5
-  expect "ENOSPC, mpirun -np 2 --dump (#14: said 'HDF5 error')" 2 "error: $NOSPC" 30
-  run fullnow mpirun -np 2 "$SIM" -q $A --check --dump @D/o.h5
-  expect "ENOSPC, disk full before the run, mpirun -np 2 --check --dump (probe #3: hung)" 2 "error: $NOSPC" 30
-  run fullnow mpirun -np 2 "$SIM" -q $A --dump @D/o.h5
-  expect "ENOSPC, disk full before the run, mpirun -np 2 --dump (#3)" 2 "error: $NOSPC" 30
-  run full mpirun -np 2 "$SIM" -q $A --check --dump @D/o.h5
-  expect "ENOSPC mid-run, mpirun -np 2 --check --dump" 2 "error: $NOSPC" 30
-  run full mpirun -np 2 "$SIM" -q $A --dump-per-rank @D/pr
-  expect "ENOSPC, mpirun -np 2 --dump-per-rank (probe #9: no message)" 2 "error: .*rank_[01]\.h5.*$NOSPC" 30
-  run full mpirun -np 3 "$SIM" -q $A --ring 3 --dump-per-rank @D/pr --dump @D/o.h5
-  expect "ENOSPC, mpirun -np 3 --ring 3 --dump-per-rank + --dump" 2 "error: $NOSPC" 30
-  # ------------------------------------------------------------ read-only target
-  run ro "$SIM" -q $A --dump @D/o.h5
-  expect "read-only target, 1 rank" 2 "error: .*cannot create dump.*Read-only file system" 20
-  run ro mpirun -np 2 "$SIM" -q $A --dump @D/o.h5
-  expect "read-only target, mpirun -np 2 --dump" 2 "error: .*cannot create dump.*Read-only file system" 20
-  run ro mpirun -np 2 "$SIM" -q $A --check --dump @D/o.h5
-  expect "read-only target, mpirun -np 2 --check --dump" 2 "error: .*cannot create dump.*Read-only file system" 20
-  run ro mpirun -np 2 "$SIM" -q $A --dump-per-rank @D/pr
-  expect "read-only target, mpirun -np 2 --dump-per-rank" 2 "error: .*Read-only file system" 20
+A="--grid 4x4 --txt-len 8 --steps 2"   # a 6.6 MB dump
+NOSPC='.*No space left on device'
+EROFS='.*Read-only file system'
+if [ -n "$SHIM" ]; then
+  # ------------------------------------------------------------ shim: ENOSPC after 2 MiB / from the start
+  full=(LD_PRELOAD="$SHIM" FLUX_FAULT_DIR="$T/shim" FLUX_FAULT_ENOSPC_AFTER=2097152)
+  full0=(LD_PRELOAD="$SHIM" FLUX_FAULT_DIR="$T/shim" FLUX_FAULT_ENOSPC_AFTER=0)
+  rofs=(LD_PRELOAD="$SHIM" FLUX_FAULT_DIR="$T/shim" FLUX_FAULT_EROFS=1)
+  O=$T/shim/o.h5 PR=$T/shim/pr
+  run "${full[@]}" -- "$SIM" -q $A --dump "$O"
+  expect "shim ENOSPC, 1 rank, --dump (probe #4: SIGSEGV, exit 139)" 2 "error: $NOSPC" 30
+  run "${full[@]}" -- "$SIM" -q $A --dump-compress 1 --dump "$O"
+  expect "shim ENOSPC at the closing flush, 1 rank, --dump-compress 1 (#4)" 2 "error: .*not written: $NOSPC" 30
+  run "${full0[@]}" -- "$SIM" -q $A --dump "$O"
+  expect "shim disk full from the start, 1 rank" 2 "error: .*cannot create dump$NOSPC" 30
+  run "${full[@]}" -- mpirun -np 2 "$SIM" -q $A --dump "$O"
+  expect "shim ENOSPC, mpirun -np 2 --dump (#14: said 'HDF5 error')" 2 "error: $NOSPC" 30
+  run "${full0[@]}" -- mpirun -np 2 "$SIM" -q $A --check --dump "$O"
+  expect "shim disk full from the start, mpirun -np 2 --check --dump (probe #3: hung)" 2 "error: $NOSPC" 30
+  run "${full0[@]}" -- mpirun -np 2 "$SIM" -q $A --dump "$O"
+  expect "shim disk full from the start, mpirun -np 2 --dump (#3)" 2 "error: $NOSPC" 30
+  run "${full[@]}" -- mpirun -np 2 "$SIM" -q $A --check --dump "$O"
+  expect "shim ENOSPC mid-run, mpirun -np 2 --check --dump" 2 "error: $NOSPC" 30
+  run "${full[@]}" -- mpirun -np 2 "$SIM" -q $A --dump-per-rank "$PR"
+  expect "shim ENOSPC, mpirun -np 2 --dump-per-rank (probe #9: no message)" 2 "error: .*rank_[01]\.h5$NOSPC" 30
+  run "${full[@]}" -- mpirun -np 3 "$SIM" -q $A --ring 3 --dump-per-rank "$PR" --dump "$O"
+  expect "shim ENOSPC, mpirun -np 3 --ring 3 --dump-per-rank + --dump" 2 "error: $NOSPC" 30
+  run "${rofs[@]}" -- "$SIM" -q $A --dump "$O"
+  expect "shim read-only target, 1 rank" 2 "error: .*cannot create dump$EROFS" 20
+  run "${rofs[@]}" -- mpirun -np 2 "$SIM" -q $A --check --dump "$O"
+  expect "shim read-only target, mpirun -np 2 --check --dump" 2 "error: .*cannot create dump$EROFS" 20
+  run "${rofs[@]}" -- mpirun -np 2 "$SIM" -q $A --dump-per-rank "$PR"
+  expect "shim read-only target, mpirun -np 2 --dump-per-rank" 2 "error: $EROFS" 20
+fi
+
+# fill_stopped TAG NP [flux-sim options]: runs on the 40 MiB tmpfs, stops every flux-sim process
+# (SIGSTOP) as soon as the temporary exists, fills the file system, lets them go on (SIGCONT)
+fill_stopped() {
+  local np=$1; shift
+  local cmd=("$SIM" "$@" --dump "$T/big/o.h5")
+  [ "$np" -gt 0 ] && cmd=(mpirun -np "$np" "${cmd[@]}")
+  local start=$(date +%s%N)
+  timeout $((60 * SLOW)) "${cmd[@]}" </dev/null >"$T/log" 2>&1 &
+  local job=$! i=0 procs p
+  while [ $i -lt $((400 * SLOW)) ] && ! ls "$T/big" | grep -q '\.tmp\.'; do sleep 0.02; i=$((i + 1)); done
+  procs=$(pgrep -P $job); [ "$np" -gt 0 ] && procs=$(for p in $procs; do pgrep -P $p; done)
+  kill -STOP $procs 2>/dev/null
+  dd if=/dev/zero of="$T/big/filler" bs=1M 2>/dev/null
+  kill -CONT $procs 2>/dev/null
+  wait $job; rc=$?
+  secs=$(( ($(date +%s%N) - start) / 1000000000 ))
+  rm -f "$T/big/filler"
+}
+if [ -n "$MOUNT" ]; then
+  # ------------------------------------------------------------ real file systems
+  run -- "$SIM" -q $A --dump "$T/small/o.h5"
+  expect "2 MiB tmpfs, a 6 MiB dump, 1 rank: refused before the run" 2 "error: --dump .*: the dump of 2 steps will be ~[0-9.]+ MiB; its file system has 2 MiB free" 20
+  run -- mpirun -np 2 "$SIM" -q $A --check --dump "$T/small/o.h5"
+  expect "2 MiB tmpfs, a 6 MiB dump, mpirun -np 2 --check: refused before the run" 2 "error: --dump .*: the dump of 2 steps will be ~[0-9.]+ MiB; its file system has 2 MiB free" 20
+  run -- "$SIM" -q $A --dump-compress 1 --dump "$T/small/o.h5"
+  expect "2 MiB tmpfs fills, 1 rank, --dump-compress 1 (#4)" 2 "error: $NOSPC" 30
+  run -- mpirun -np 2 "$SIM" -q $A --dump-per-rank "$T/small/pr"
+  expect "2 MiB tmpfs fills, mpirun -np 2 --dump-per-rank (#9)" 2 "error: .*rank_[01]\.h5$NOSPC" 30
+  B="--grid 8x8 --txt-len 8 --steps 3"   # a 28.7 MB dump on the 40 MiB tmpfs
+  fill_stopped 0 -q $B
+  expect "40 MiB tmpfs filled during the run, 1 rank --dump (#4)" 2 "error: $NOSPC" 30
+  fill_stopped 2 -q $B --check
+  expect "40 MiB tmpfs filled during the run, mpirun -np 2 --check --dump (#3)" 2 "error: $NOSPC" 30
+  fill_stopped 2 -q $B
+  expect "40 MiB tmpfs filled during the run, mpirun -np 2 --dump (#3, #14)" 2 "error: $NOSPC" 30
+  run -- "$SIM" -q $A --dump "$T/ro/o.h5"
+  expect "read-only tmpfs, 1 rank" 2 "error: .*cannot create dump$EROFS" 20
+  run -- mpirun -np 2 "$SIM" -q $A --check --dump "$T/ro/o.h5"
+  expect "read-only tmpfs, mpirun -np 2 --check --dump" 2 "error: .*cannot create dump$EROFS" 20
+  run -- mpirun -np 2 "$SIM" -q $A --dump-per-rank "$T/ro/pr"
+  expect "read-only tmpfs, mpirun -np 2 --dump-per-rank" 2 "error: $EROFS" 20
 fi
 
 # ---------------------------------------------------------------- kills and signals (probe #7, #8)
