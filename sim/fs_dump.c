@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #define FS_DUMP_VERSION 1
+/* The longest name (without the directory) a dump's temporary gets; see dump_create_fapl. */
+#define FS_DUMP_TMP_NAME_MAX 128
 /* Below this many elements a chunk index and filter pipeline cost more than they save; the
  * reference dumps use the same threshold. */
 #define FS_DUMP_CHUNK_MIN 256
@@ -436,7 +438,18 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         free(d);
         return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
     }
-    snprintf(d->tmp, n, "%s.tmp.%ld", path, pid);
+    /* "<name>.tmp.<pid>" beside the target. A long name is cut so that the temporary's name stays
+     * at most FS_DUMP_TMP_NAME_MAX characters: the pid keeps it unique, and the final name is the
+     * user's. A 250-character name failed with "File name too long" (probe #18: the suffix passed
+     * NAME_MAX), and Open MPI 4.1's MPI-IO aborts (a buffer overflow in its shared-file-pointer
+     * components, which build "<session dir>/<name>_cid-..." in a fixed buffer) on a parallel
+     * dump whose temporary's name is over ~210 characters. */
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ".tmp.%ld", pid);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t keep = strlen(base);
+    if (keep + strlen(suffix) > FS_DUMP_TMP_NAME_MAX) keep = FS_DUMP_TMP_NAME_MAX - strlen(suffix);
+    snprintf(d->tmp, n, "%.*s%.*s%s", (int)(base - path), path, (int)keep, base, suffix);
     d->g = g;
 
     /* A directory at the final path would only fail at the rename, after the whole run. */
