@@ -19,7 +19,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=build/flux-sim OR=build/flux-oracle PY=/usr/bin/python3
+SIM=${FLUX_BUILD:-build}/flux-sim OR=${FLUX_BUILD:-build}/flux-oracle PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 T=$(mktemp -d /tmp/fluxsim-bf16-XXXXXX)
 pass=0; fail=0

@@ -6,8 +6,8 @@
 # culprit, and make-checkpoint leaves nothing behind.
 set -u
 cd "$(dirname "$0")/.."
-SIM=build/flux-sim
-MK=build/make-checkpoint
+SIM=${FLUX_BUILD:-build}/flux-sim
+MK=${FLUX_BUILD:-build}/make-checkpoint
 T=$(mktemp -d /tmp/fluxsim-ckpt-XXXXXX)
 pass=0; fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }

@@ -11,8 +11,8 @@
 # Without ../shared/reference this test is SKIPPED, loudly.
 set -u
 cd "$(dirname "$0")/.."
-OR=build/flux-oracle
-SIM=build/flux-sim
+OR=${FLUX_BUILD:-build}/flux-oracle
+SIM=${FLUX_BUILD:-build}/flux-sim
 PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 pass=0; fail=0

@@ -7,12 +7,12 @@
 # oracle's guard turns that into "corrupted HDF5 metadata (libhdf5 crashed/hung reading X)".
 #
 #   FLUX_MUTANTS=N  mutants per base (default 100: 200 files, 400 runs, well under a minute)
-#   FLUX_MUTANT_SEED=S  (default 1)   OR=path/to/flux-oracle (default build/flux-oracle)
+#   FLUX_MUTANT_SEED=S  (default 1)   OR=path/to/flux-oracle (default ${FLUX_BUILD:-build}/flux-oracle)
 # A failing mutant is kept in the temporary directory named in the output.
 set -u
 cd "$(dirname "$0")/.."
-OR=${OR:-build/flux-oracle}
-SIM=build/flux-sim
+OR=${OR:-${FLUX_BUILD:-build}/flux-oracle}
+SIM=${FLUX_BUILD:-build}/flux-sim
 PY=/usr/bin/python3
 N=${FLUX_MUTANTS:-100}
 SEED=${FLUX_MUTANT_SEED:-1}

@@ -13,8 +13,8 @@
 #   name twice compares it once.
 set -u
 cd "$(dirname "$0")/.."
-OR=${OR:-build/flux-oracle}
-SIM=build/flux-sim
+OR=${OR:-${FLUX_BUILD:-build}/flux-oracle}
+SIM=${FLUX_BUILD:-build}/flux-sim
 PY=/usr/bin/python3
 T=$(mktemp -d /tmp/fluxsim-robust-XXXXXX)
 pass=0; fail=0

@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=build/flux-sim
+SIM=${FLUX_BUILD:-build}/flux-sim
 T=$(mktemp -d /tmp/fluxsim-fail-XXXXXX)
 pass=0; fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }

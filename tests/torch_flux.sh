@@ -27,7 +27,7 @@
 # default ../shared/reference; else SKIPPED).
 set -u
 cd "$(dirname "$0")/.."
-OR=build/flux-oracle
+OR=${FLUX_BUILD:-build}/flux-oracle
 PY=/usr/bin/python3
 REF=${FLUX_REFERENCE_DIR:-../shared/reference}
 pass=0; fail=0
