@@ -72,7 +72,7 @@ done
 # fp64 --check tolerance of this matrix. A correct layout only reorders float64 sums, so the
 # layout-vs-single-rank difference is rounding: measured worst over the whole matrix (both
 # configs, the 23 fp64 layouts that run) relative L2 1.10e-15 (tiny --tp 2, tiny --tp 2 --ring 2;
-# 2026-11-23, commit d163778) and max|Δ|/max|ref| < 3e-15 (docs/parallel.md §5.3). The bounds
+# 2026-11-23, at 84e6df1) and max|Δ|/max|ref| < 3e-15 (docs/parallel.md §5.3). The bounds
 # leave ~100x (rtol 1e-13) and > 300x (rtol-max 1e-12) for other BLAS builds and thread counts,
 # instead of flux-sim's general 1e-10 / 1e-9, which would let a bug of 1e-11 through here; a real
 # layout bug (a wrong shard, a missing LSE term) is >= 1e-3. The test prints the measured worst.
