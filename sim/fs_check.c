@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fo_config.h"
 #include "fo_diff.h"
 #include "fo_dump.h"
 #include "fo_metrics.h"
@@ -58,6 +59,36 @@ __attribute__((noinline)) void fs_check_break(const fs_divergence *dv)
     raise(SIGTRAP);
 }
 
+/* A saved reference of another model is an input error (exit 2), found before any compute: its
+ * first tensors would otherwise differ in shape and read as a divergence (exit 1) of a layout
+ * that has nothing wrong with it (probe defect #18). The token counts of its /inputs too. */
+static int same_model(fo_file *f, const fs_par *par, fs_err *e)
+{
+    char why[512], *mine = fs_config_to_json(par->cfg);
+    int same = 1;
+    if (!mine) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    int rc = fo_config_compare(fo_file_config(f), "the reference", mine, "this run", &same, why, sizeof why, e);
+    free(mine);
+    if (rc) return rc;
+    if (!same)
+        return fs_errf(e, FS_E_INPUT, "the reference is a run of another model (reference vs this run: %s); it needs a "
+                                      "single-rank dump of this model and these inputs", why);
+    static const char *const in[2] = {"/inputs/hidden_states", "/inputs/encoder_hidden_states"};
+    const int mine_tokens[2] = {par->S_img, par->S_txt};
+    for (int k = 0; k < 2; k++) {
+        fo_dataset ds = {0};
+        fs_err ignore = {0};
+        if (!fo_is_dataset(f, in[k]) || fo_dataset_info(f, in[k], &ds, &ignore) || ds.ndim < 2) continue;
+        const int64_t theirs = ds.shape[1];
+        fo_dataset_free(&ds);
+        if (mine_tokens[k] > 0 && theirs != mine_tokens[k])
+            return fs_errf(e, FS_E_INPUT, "the reference was run on %lld %s tokens, this run has %d; it needs a "
+                                          "single-rank dump of these inputs (replay them with --inputs)",
+                           (long long)theirs, k ? "text" : "image", mine_tokens[k]);
+    }
+    return FS_OK;
+}
+
 int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol tol, int tol_given, const char *ref_path,
                     fs_err *e)
 {
@@ -72,6 +103,7 @@ int fs_check_create(fs_check **out, const fs_par *par, fs_dtype dt, fs_check_tol
         int rc = fo_file_open(&ck->ref_file, ref_path, e);
         if (!rc) rc = fo_require_complete(ck->ref_file, 0, NULL, e);
         if (!rc) rc = fo_decl_read(ck->ref_file, 0, &ck->ref_decl, e);
+        if (!rc && par->cfg) rc = same_model(ck->ref_file, par, e);
         if (rc) {
             fs_err_prefix(e, "--check=%s: ", ref_path);
             fo_file_close(ck->ref_file);
@@ -271,7 +303,16 @@ static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const f
             int same = rnd == g.global.ndim;
             for (int d = 0; same && d < rnd; d++) same = rshape[d] == g.global.shape[d];
             ck->n_compared++;
-            if (!same) {
+            if (!same && ck->ref_file && !strcmp(name, "latents_in")) {
+                /* the sampler's state: no layout changes its shape, a reference of other inputs
+                 * (another batch) does — an input error, not a divergence (#18) */
+                snprintf(ck->report, sizeof ck->report,
+                         "--check=%s: the reference was run on other inputs: its step %d latents_in is %s, this run's "
+                         "is %s; it needs a single-rank dump of these inputs (replay them with --inputs)",
+                         fo_file_path(ck->ref_file), ck->step, fs_tensor_shape_str(&rt, rbuf, sizeof rbuf),
+                         fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf));
+                ck->agreed_error = FS_E_INPUT;
+            } else if (!same) {
                 ck->diverged = 1;
                 snprintf(ck->report, sizeof ck->report,
                          "flux-sim --check: DIVERGED at step %d, %s\n"

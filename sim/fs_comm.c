@@ -5,6 +5,7 @@
 
 #include <hdf5.h>
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -357,6 +358,30 @@ int fs_allreduce_max_int(const fs_group *g, int v)
     int out = v;
     MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MAX, COMM(g));
     return out;
+}
+
+int fs_agree_error(const fs_group *g, int rc, fs_err *e)
+{
+    if (g->size == 1) return rc;
+    /* the lowest failing rank: max of size - rank over the failing ones */
+    const int best = fs_allreduce_max_int(g, rc ? g->size - g->rank : 0);
+    if (!best) return FS_OK;
+    const int first = g->size - best;
+    struct {
+        int code;
+        char msg[sizeof e->msg];
+    } m = {0};
+    if (g->rank == first) {
+        m.code = rc;
+        snprintf(m.msg, sizeof m.msg, "%s", e && e->msg[0] ? e->msg : "unknown error");
+    }
+    fs_bcast(g, first, &m, sizeof m);
+    if (e) {
+        e->code = m.code;
+        if (first) snprintf(e->msg, sizeof e->msg, "rank %d: %.*s", first, (int)sizeof e->msg - 16, m.msg);
+        else snprintf(e->msg, sizeof e->msg, "%s", m.msg);
+    }
+    return m.code;
 }
 
 void fs_allreduce_max_double(const fs_group *g, double *buf, int n)

@@ -82,6 +82,11 @@ int fs_ring_wait(fs_ring_req *req, fs_err *e);
 /* ---- collectives on host memory (metadata, verdicts, recorders' copies) ---- */
 /* In-place max of ints over the group: how every rank agrees on an exit code. */
 int fs_allreduce_max_int(const fs_group *g, int v);
+/* Collective: agree on a failure. Every rank passes its own outcome (rc, with its message in
+ * *e); when any rank failed, every rank returns the code of the lowest-numbered failing rank and
+ * holds its message, prefixed "rank N: " when N is not 0 — so the one rank that prints says what
+ * went wrong and where, and every rank exits alike. FS_OK when no rank failed. e may be NULL. */
+int fs_agree_error(const fs_group *g, int rc, fs_err *e);
 void fs_allreduce_max_double(const fs_group *g, double *buf, int n);
 void fs_bcast(const fs_group *g, int root, void *buf, size_t bytes);
 /* Gather bytes to root: root receives counts[r] bytes at displs[r] (counts/displs only used at

@@ -16,17 +16,23 @@
 #include "fo_dump.h"
 #include "fs_h5err.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define FS_DUMP_VERSION 1
+/* The longest name (without the directory) a dump's temporary gets; see dump_create_fapl. */
+#define FS_DUMP_TMP_NAME_MAX 128
 /* Below this many elements a chunk index and filter pipeline cost more than they save; the
  * reference dumps use the same threshold. */
 #define FS_DUMP_CHUNK_MIN 256
@@ -52,6 +58,10 @@ struct fs_dump {
     int deflate;     /* 0: no filters, every dataset contiguous; 1-9: shuffle + deflate level */
     int wrote_inputs, wrote_final;
     int registered;  /* tmp is in the cleanup registry (fs_cleanup.h) */
+    int sealed;      /* fs_dump_seal succeeded: the file is complete and closed, not yet renamed */
+    int have_id;     /* dev/ino of the temporary, taken when it was created (fs_dump_abort) */
+    dev_t dev;
+    ino_t ino;
     char modules_decl[512]; /* each step's recorded_modules ("all" unless fs_dump_set_recorded_modules) */
     char **order;    /* dataset names of the open step, in recording order */
     int n_order, cap_order;
@@ -124,6 +134,43 @@ static hid_t mem_type(fs_dtype dt) { return dt == FS_F64 ? H5T_NATIVE_DOUBLE : H
 /* Marks the dump failed and returns an error: used for every failure after the file exists. */
 #define DUMP_FAIL(d, ...) ((d)->failed = 1, fs_errf(__VA_ARGS__))
 
+/* In a parallel dump, every rank learns whether any rank's part of a write failed, and all stop
+ * at the same dataset with the first failing rank's message (fs_agree_error). HDF5's metadata
+ * calls are collective: a rank that went on creating datasets after another rank's write failed
+ * would leave each rank a different picture of the file, and the closing flush would then wait
+ * forever in mismatched collectives (probe defect #3: a parallel dump to a full disk hung).
+ * Serial dumps: rc unchanged. */
+static int agree_write(fs_dump *d, int rc, fs_err *e)
+{
+    if (!d->g || d->g->size < 2) return rc;
+    rc = fs_agree_error(d->g, rc, e);
+    if (rc) d->failed = 1;
+    return rc;
+}
+
+/* Why a write failed, as one line. HDF5's own text when it names the OS's reason (sec2: "file
+ * write failed: ... No space left on device"). MPI-IO leaves no reason on HDF5's stack ("HDF5
+ * error"): then a full file system is told by statvfs, and otherwise by the errno the failing
+ * call left (`err`: errno cleared before the call, read right after it; 0 if none). */
+static const char *io_cause(const fs_dump *d, int err, char buf[256])
+{
+    char h5[256];
+    snprintf(h5, sizeof h5, "%s", h5_cause(buf));
+    if (strstr(h5, "No space left") || strstr(h5, "Read-only") || strstr(h5, "Permission denied") ||
+        strstr(h5, "Input/output error") || strstr(h5, "quota"))
+        return buf;
+    const char *why = NULL;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", d->tmp);
+    struct statvfs sv;
+    if (statvfs(dirname(dir), &sv) == 0 && sv.f_bavail == 0) why = "No space left on device (the file system is full)";
+    else if (err) why = strerror(err);
+    if (!why) return buf;
+    if (!strcmp(h5, "HDF5 error")) snprintf(buf, 256, "%s", why);
+    else snprintf(buf, 256, "%.120s: %s", h5, why);
+    return buf;
+}
+
 /* One dataset `name` in `loc` (group path `where`, for messages) holding t, stored as `stored`
  * (HDF5 converts when t's dtype differs). */
 static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const char *name, const fs_tensor *t,
@@ -176,39 +223,49 @@ static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const c
                                fs_dtype stored, const fs_shard *sh, const int64_t *gshape, int write, fs_err *e)
 {
     char cause[256];
-    if (dev->ndim < 1 || dev->ndim > FS_MAX_DIMS)
-        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor rank %d out of range 1..%d", d->tmp, where, name,
-                         dev->ndim, FS_MAX_DIMS);
-    hsize_t dims[FS_MAX_DIMS], chunk[FS_MAX_DIMS];
-    int64_t numel = fs_tensor_numel(dev);
-    for (int i = 0; i < dev->ndim; i++) chunk[i] = dims[i] = (hsize_t)(gshape ? gshape[i] : dev->shape[i]);
-    if (numel > 0 && !dev->data)
-        return DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor has no data", d->tmp, where, name);
+    int rc = FS_OK;
+    hid_t space = -1, dcpl = -1, ds = -1;
     /* the recorder downloads what it writes (a view, no copy, when the tensor is host-addressable) */
     fs_tensor host = *dev;
     host.owns = 0;
+    hsize_t dims[FS_MAX_DIMS] = {0}, chunk[FS_MAX_DIMS] = {0};
+    const int64_t numel = fs_tensor_numel(dev);
+    /* what can fail before the collective H5Dcreate: agreed first, so that no rank creates a
+     * dataset another skipped */
+    if (dev->ndim < 1 || dev->ndim > FS_MAX_DIMS) {
+        rc = DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor rank %d out of range 1..%d", d->tmp, where, name,
+                       dev->ndim, FS_MAX_DIMS);
+        goto agree;
+    }
+    for (int i = 0; i < dev->ndim; i++) chunk[i] = dims[i] = (hsize_t)(gshape ? gshape[i] : dev->shape[i]);
+    if (numel > 0 && !dev->data) {
+        rc = DUMP_FAIL(d, e, FS_E_INTERNAL, "%s: %s/%s: tensor has no data", d->tmp, where, name);
+        goto agree;
+    }
     if (write && numel > 0 && fs_tensor_host_view(dev, &host, e)) {
         d->failed = 1;
-        return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+        rc = fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+        host = (fs_tensor){0};
+        goto agree;
     }
-    fs_tensor wide = {0}; /* bfloat16 values widened to float32 (exact) for writing */
-    if (write && numel > 0 && host.dtype == FS_BF16) {
-        int rc = fs_tensor_alloc(&wide, FS_F32, host.ndim, host.shape, e);
+    if (write && numel > 0 && host.dtype == FS_BF16) { /* widened to float32 (exact) for writing */
+        fs_tensor wide = {0};
+        rc = fs_tensor_alloc(&wide, FS_F32, host.ndim, host.shape, e);
         if (!rc) rc = fs_tensor_copy(&wide, &host, e);
         fs_tensor_free(&host);
+        host = wide;
         if (rc) {
             d->failed = 1;
-            return fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
+            fs_err_prefix(e, "%s: %s/%s: ", d->tmp, where, name);
         }
-        host = wide;
-        wide = (fs_tensor){0};
     }
+agree:
+    if ((rc = agree_write(d, rc, e))) goto out;
     const fs_tensor *t = &host;
 
-    int rc = FS_OK;
-    hid_t space = H5Screate_simple(t->ndim, dims, NULL);
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    hid_t ds = -1;
+    errno = 0; /* what the OS says about a failing write below (io_cause) */
+    space = H5Screate_simple(t->ndim, dims, NULL);
+    dcpl = H5Pcreate(H5P_DATASET_CREATE);
     if (space < 0 || dcpl < 0) goto h5fail;
     if (d->deflate > 0 && numel >= FS_DUMP_CHUNK_MIN) {
         /* One chunk = the whole dataset (a reader wants all of it anyway), halved along the
@@ -251,13 +308,14 @@ static int write_dataset_piece(fs_dump *d, hid_t loc, const char *where, const c
     }
     goto out;
 h5fail:
-    rc = DUMP_FAIL(d, e, FS_E_IO, "%s: %s/%s: write failed: %s", d->tmp, where, name, h5_cause(cause));
+    rc = DUMP_FAIL(d, e, FS_E_IO, "%s: %s/%s: write failed: %s", d->tmp, where, name, io_cause(d, errno, cause));
 out:
     if (ds >= 0) H5Dclose(ds);
     if (dcpl >= 0) H5Pclose(dcpl);
     if (space >= 0) H5Sclose(space);
     fs_tensor_free(&host);
-    return rc;
+    /* every rank: the write just done, agreed (a no-op for a serial dump) */
+    return agree_write(d, rc, e);
 }
 
 /* ---------- /inputs shapes, shared by the writer and the reader ---------- */
@@ -380,7 +438,18 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         free(d);
         return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
     }
-    snprintf(d->tmp, n, "%s.tmp.%ld", path, pid);
+    /* "<name>.tmp.<pid>" beside the target. A long name is cut so that the temporary's name stays
+     * at most FS_DUMP_TMP_NAME_MAX characters: the pid keeps it unique, and the final name is the
+     * user's. A 250-character name failed with "File name too long" (probe #18: the suffix passed
+     * NAME_MAX), and Open MPI 4.1's MPI-IO aborts (a buffer overflow in its shared-file-pointer
+     * components, which build "<session dir>/<name>_cid-..." in a fixed buffer) on a parallel
+     * dump whose temporary's name is over ~210 characters. */
+    char suffix[32];
+    snprintf(suffix, sizeof suffix, ".tmp.%ld", pid);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t keep = strlen(base);
+    if (keep + strlen(suffix) > FS_DUMP_TMP_NAME_MAX) keep = FS_DUMP_TMP_NAME_MAX - strlen(suffix);
+    snprintf(d->tmp, n, "%.*s%.*s%s", (int)(base - path), path, (int)keep, base, suffix);
     d->g = g;
 
     /* A directory at the final path would only fail at the rename, after the whole run. */
@@ -432,6 +501,12 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         goto h5fail;
     d->file = H5Fcreate(d->tmp, H5F_ACC_TRUNC, fcpl, fapl);
     if (d->file < 0) goto h5fail;
+    struct stat fst; /* which file this is, for fs_dump_abort (every rank: each has it open) */
+    if (stat(d->tmp, &fst) == 0) {
+        d->dev = fst.st_dev;
+        d->ino = fst.st_ino;
+        d->have_id = 1;
+    }
     int64_t version = FS_DUMP_VERSION;
     json = fs_config_to_json(cfg);
     if (!json) {
@@ -703,10 +778,10 @@ int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e)
 /* Releases everything but the file on disk. */
 static void dump_free(fs_dump *d)
 {
-    if (d->registered) fs_cleanup_remove(d->tmp);
     if (d->step >= 0) H5Gclose(d->step);
     if (d->gcpl >= 0) H5Pclose(d->gcpl);
     if (d->file >= 0) H5Fclose(d->file);
+    if (d->registered) fs_cleanup_remove(d->tmp); /* last: until now a signal still deletes it */
     free_order(d);
     free(d->order);
     free(d->path);
@@ -714,73 +789,128 @@ static void dump_free(fs_dump *d)
     free(d);
 }
 
-int fs_dump_close(fs_dump *d, fs_err *e)
+/* A dump being discarded still has to be closed, and HDF5's close flushes what it has cached:
+ * on a full disk that flush fails again, and HDF5 1.10 then keeps a half-destroyed file that
+ * crashes it at MPI_Finalize (probe defect #4: SIGSEGV, exit 139); in a parallel dump the ranks'
+ * failed flushes wait in different collectives (defect #3). Nothing written now is wanted: every
+ * descriptor this process holds on the temporary (sec2's, or MPI-IO's, whichever driver) is
+ * pointed at an anonymous in-memory file first, so the closing writes succeed and cost nothing.
+ * Linux (memfd, /proc/self/fd); elsewhere the close is attempted as it is. */
+static void discard_writes(const fs_dump *d)
+{
+#ifdef __linux__
+    if (!d->have_id) return;
+    int mfd = memfd_create("flux-sim-discarded-dump", MFD_CLOEXEC);
+    if (mfd < 0) return;
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir) {
+        struct dirent *de;
+        while ((de = readdir(dir)) != NULL) {
+            char *end;
+            long fd = strtol(de->d_name, &end, 10);
+            struct stat st;
+            if (*end || end == de->d_name || fd == dirfd(dir) || fd == mfd) continue;
+            if (fstat((int)fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_dev == d->dev && st.st_ino == d->ino)
+                dup2(mfd, (int)fd); /* keeps the number HDF5/MPI-IO hold; the old description is closed */
+        }
+        closedir(dir);
+    }
+    close(mfd);
+#else
+    (void)d;
+#endif
+}
+
+/* Completes the file without publishing it: the completeness marker, flush, close, fsync. A
+ * parallel dump agrees on the outcome (every rank returns the same). On failure the file is
+ * left to fs_dump_abort, which deletes it. */
+int fs_dump_seal(fs_dump *d, fs_err *e)
 {
     char cause[256];
-    if (!d) return fs_errf(e, FS_E_INTERNAL, "close of a NULL dump");
-    int rc = FS_OK;
-    if (d->failed) {
-        rc = fs_errf(e, FS_E_IO, "%s: not written: an earlier write to %s failed", d->path, d->tmp);
-        goto fail;
-    }
-    if (d->step >= 0) {
-        rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: step_%04d was never ended", d->path, d->step_no);
-        goto fail;
-    }
-    if (!d->wrote_final) {
-        rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: /final was never written", d->path);
-        goto fail;
-    }
+    if (!d) return fs_errf(e, FS_E_INTERNAL, "seal of a NULL dump");
+    if (d->sealed) return FS_OK;
+    /* refusals: the same on every rank (a failure of a parallel dump is agreed when it happens) */
+    if (d->failed) return fs_errf(e, FS_E_IO, "%s: not written: an earlier write to %s failed", d->path, d->tmp);
+    if (d->step >= 0)
+        return fs_errf(e, FS_E_INTERNAL, "%s: not written: step_%04d was never ended", d->path, d->step_no);
+    if (!d->wrote_final) return fs_errf(e, FS_E_INTERNAL, "%s: not written: /final was never written", d->path);
     /* the completeness marker, the producer's last write (docs/dump-format.md): a file without
      * it was cut short, whatever else it holds */
+    int rc = FS_OK;
     int64_t one = 1;
-    if (put_num(d->file, "complete", H5T_STD_I64LE, H5T_NATIVE_INT64, &one) < 0) {
-        rc = fs_errf(e, FS_E_IO, "%s: not written: attribute complete: %s", d->path, h5_cause(cause));
-        goto fail;
-    }
+    errno = 0;
+    if (put_num(d->file, "complete", H5T_STD_I64LE, H5T_NATIVE_INT64, &one) < 0)
+        rc = DUMP_FAIL(d, e, FS_E_IO, "%s: not written: attribute complete: %s", d->path, io_cause(d, errno, cause));
+    /* everything cached reaches the file now, while a failure can still be handled: a flush that
+     * fails leaves the file open for fs_dump_abort (closing it here would flush and fail again) */
+    if (!rc) errno = 0;
+    if (!rc && H5Fflush(d->file, H5F_SCOPE_GLOBAL) < 0)
+        rc = DUMP_FAIL(d, e, FS_E_IO, "%s: not written: writing %s failed: %s", d->path, d->tmp, io_cause(d, errno, cause));
+    if ((rc = agree_write(d, rc, e))) return rc;
     H5Pclose(d->gcpl);
     d->gcpl = -1;
-    herr_t fl = H5Fflush(d->file, H5F_SCOPE_GLOBAL);
+    errno = 0;
     herr_t cl = H5Fclose(d->file);
-    d->file = -1;
-    if (fl < 0 || cl < 0) {
-        rc = fs_errf(e, FS_E_IO, "%s: not written: closing %s failed: %s", d->path, d->tmp, h5_cause(cause));
-        goto fail;
-    }
+    d->file = -1; /* after a failed close HDF5 keeps nothing usable either */
+    if (cl < 0)
+        rc = DUMP_FAIL(d, e, FS_E_IO, "%s: not written: closing %s failed: %s", d->path, d->tmp, io_cause(d, errno, cause));
     /* fsync before rename: otherwise a power loss right after the rename can leave a complete-
      * looking name with incomplete content on some filesystems. */
-    if (!d->g || d->g->rank == 0) {
+    if (!rc && (!d->g || d->g->rank == 0)) {
         int fd = open(d->tmp, O_RDONLY);
-        if (fd < 0 || fsync(fd) < 0) {
-            rc = fs_errf(e, FS_E_IO, "%s: not written: syncing %s failed: %s", d->path, d->tmp, strerror(errno));
-            if (fd >= 0) close(fd);
-        } else {
-            close(fd);
-            if (rename(d->tmp, d->path) < 0)
-                rc = fs_errf(e, FS_E_IO, "%s: cannot move %s into place: %s", d->path, d->tmp, strerror(errno));
-        }
+        if (fd < 0 || fsync(fd) < 0)
+            rc = DUMP_FAIL(d, e, FS_E_IO, "%s: not written: syncing %s failed: %s", d->path, d->tmp, strerror(errno));
+        if (fd >= 0) close(fd);
     }
-    if (d->g) fs_bcast(d->g, 0, &rc, sizeof rc);
+    if ((rc = agree_write(d, rc, e))) return rc;
+    d->sealed = 1;
+    return FS_OK;
+}
+
+/* Renames a sealed dump into place. Frees d in every case; on failure the temporary is
+ * deleted. A parallel dump: rank 0 renames, every rank returns its outcome. */
+int fs_dump_publish(fs_dump *d, fs_err *e)
+{
+    if (!d) return fs_errf(e, FS_E_INTERNAL, "publish of a NULL dump");
+    int rc = FS_OK;
+    if (!d->sealed) rc = fs_errf(e, FS_E_INTERNAL, "%s: not written: published before it was sealed", d->path);
+    else if ((!d->g || d->g->rank == 0) && rename(d->tmp, d->path) < 0)
+        rc = fs_errf(e, FS_E_IO, "%s: cannot move %s into place: %s", d->path, d->tmp, strerror(errno));
+    if (d->g) rc = fs_agree_error(d->g, rc, e);
     if (rc) {
-        if (d->g && d->g->rank) fs_errf(e, rc, "%s: rank 0 could not publish the dump", d->path);
-        goto fail;
+        fs_dump_abort(d);
+        return rc;
     }
     dump_free(d);
     return FS_OK;
-fail:
-    fs_dump_abort(d);
-    return rc;
+}
+
+int fs_dump_close(fs_dump *d, fs_err *e)
+{
+    if (!d) return fs_errf(e, FS_E_INTERNAL, "close of a NULL dump");
+    int rc = fs_dump_seal(d, e);
+    if (rc) {
+        fs_dump_abort(d);
+        return rc;
+    }
+    return fs_dump_publish(d, e);
 }
 
 void fs_dump_abort(fs_dump *d)
 {
     if (!d) return;
-    char *tmp = strdup(d->tmp);
-    const int unlinker = !d->g || d->g->rank == 0;
-    dump_free(d); /* closes the file first: unlinking an open HDF5 file is fine on POSIX, but
-                     closing first keeps HDF5 from writing into a deleted inode */
-    if (tmp && unlinker) unlink(tmp);
-    free(tmp);
+    /* the file first: whatever happens to the close below, no temporary is left (unlinking an
+     * open file is fine on POSIX: the descriptors keep the inode until they are closed) */
+    if (d->file >= 0) {
+        discard_writes(d);
+        /* A flush that failed (ENOSPC) leaves HDF5 1.10's metadata cache with its skip list still
+         * enabled; the close would then fail half-way and HDF5 crash at exit. One more flush,
+         * now into memory, empties the cache and resets that state (it reports the stale
+         * "slist already enabled" and is ignored); after it the close succeeds. */
+        H5Fflush(d->file, H5F_SCOPE_GLOBAL);
+    }
+    if (!d->g || d->g->rank == 0) unlink(d->tmp);
+    dump_free(d);
 }
 
 static int record_cb(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)

@@ -43,7 +43,9 @@ int fs_dump_record(fs_dump *d, const char *name, const fs_tensor *t, fs_err *e);
  * same order with the same names and attributes (metadata is collective). Data: rank 0 alone
  * writes the inputs, /final and anything recorded with fs_dump_record; fs_dump_record_piece
  * writes each rank's piece of a global tensor into its hyperslab(s). No compression (HDF5
- * filters need collective data writes). The temporary name is rank 0's; rank 0 renames. */
+ * filters need collective data writes). The temporary name is rank 0's; rank 0 renames. A write
+ * that fails on any rank fails on every rank, at the same dataset, with the first failing rank's
+ * message (fs_agree_error): the ranks never drift into different collectives. */
 struct fs_group;
 int fs_dump_create_parallel(fs_dump **d, const char *path, const struct fs_group *g, const fs_config *cfg, fs_dtype dt,
                             const char *producer, fs_err *e);
@@ -61,7 +63,15 @@ int fs_dump_write_final(fs_dump *d, const fs_tensor *latents, fs_err *e);
  * temporary) when an earlier call failed, a step was never ended or /final never written, so a
  * dump whose producer ignored an error never appears at <path>. */
 int fs_dump_close(fs_dump *d, fs_err *e);
-/* Closes and deletes the temporary. Frees d. Safe on NULL. */
+/* fs_dump_close in two halves, for writers that publish several files together (the per-rank
+ * dumps of one job: no rank's file appears unless every rank's is complete). fs_dump_seal does
+ * all but the rename (the `complete` marker, flush, close, fsync); on failure d stays for
+ * fs_dump_abort. fs_dump_publish renames a sealed dump into place and frees d in every case. */
+int fs_dump_seal(fs_dump *d, fs_err *e);
+int fs_dump_publish(fs_dump *d, fs_err *e);
+/* Deletes the temporary and closes it, discarding whatever HDF5 still has to write (the closing
+ * flush goes to memory, so a full disk cannot fail or hang it). Frees d. Safe on NULL. A
+ * parallel dump: collective, like every fs_dump_* call. */
 void fs_dump_abort(fs_dump *d);
 /* A recorder whose fn writes into the current step (fs_dump_record). */
 fs_recorder fs_dump_recorder(fs_dump *d);

@@ -62,6 +62,7 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
     p->sp = u * r;
     p->rotate = rotate;
     p->plan = plan;
+    p->cfg = c;
     p->tp_rank = world->rank % tp;
     p->sp_rank = world->rank / tp;
     p->u_rank = p->sp_rank % u;

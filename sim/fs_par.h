@@ -29,6 +29,7 @@ typedef struct fs_par {
     const fs_group *g_world;
     fs_ring_rotate rotate;
     const fs_plan *plan;                  /* TP plan (used when tp > 1) */
+    const fs_config *cfg;                 /* the model fs_par_init was given (must outlive the par) */
     const fs_inject *inject;              /* --inject: bugs re-created on purpose (NULL: none) */
     /* sequence partition over sp ranks, set by fs_par_set_seq */
     int S_txt, S_img;

@@ -12,7 +12,23 @@ struct fs_sink {
     cJSON *sharding;       /* name -> distribution, for the global dump's `parallel` (first step) */
     cJSON *local_sharding; /* the same, for the per-rank file */
     int step;
+    int agreed;            /* a failure every rank learnt together (fs_sink_agreed_error) */
 };
+
+/* A parallel run: a dump failure on one rank (a full disk, a write error) is agreed by every
+ * rank before the next collective, so all of them leave the run at the same record with the
+ * first failing rank's message, and the job ends normally (exit 2 everywhere, the dumps
+ * deleted) instead of through MPI_Abort. */
+static int parallel(const fs_sink *k) { return k->o.par && k->o.par->world > 1; }
+static int sink_agree(fs_sink *k, int rc, fs_err *e)
+{
+    if (!parallel(k)) return rc;
+    rc = fs_agree_error(k->o.par->g_world, rc, e);
+    if (rc) k->agreed = 1;
+    return rc;
+}
+
+int fs_sink_agreed_error(const fs_sink *s) { return s && s->agreed; }
 
 int fs_sink_create(fs_sink **out, const fs_sink_opts *o, fs_err *e)
 {
@@ -51,6 +67,7 @@ static int sink_begin(void *ctx, int step, double t, double sg, double sn, fs_er
     }
     if (!rc && k->o.dump) rc = fs_dump_begin_step(k->o.dump, step, t, sg, sn, e);
     if (!rc && k->o.local) rc = fs_dump_begin_step(k->o.local, step, t, sg, sn, e);
+    if (k->o.dump || k->o.local) rc = sink_agree(k, rc, e);
     return rc;
 }
 
@@ -59,6 +76,7 @@ static int sink_end(void *ctx, int step, fs_err *e)
     fs_sink *k = ctx;
     int rc = k->o.dump ? fs_dump_end_step(k->o.dump, e) : FS_OK;
     if (!rc && k->o.local) rc = fs_dump_end_step(k->o.local, e);
+    if (k->o.dump || k->o.local) rc = sink_agree(k, rc, e);
     return rc;
 }
 
@@ -119,7 +137,8 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *dev, const 
         if ((rc = r.fn(r.ctx, name, t, sh, e))) goto out;
     }
     if (k->o.local) { /* this rank's view; at step 0 learn every rank's piece for the sharding map */
-        if ((rc = fs_dump_record(k->o.local, name, t, e))) goto out;
+        rc = sink_agree(k, fs_dump_record(k->o.local, name, t, e), e); /* each rank writes its own file */
+        if (rc) goto out;
         if (k->step == 0 && !cJSON_GetObjectItemCaseSensitive(k->local_sharding, name)) {
             if ((rc = learn_pieces(k, t, sh, name, k->local_sharding, &all, e))) goto out;
             free(all);
@@ -138,8 +157,8 @@ static int sink_record(void *ctx, const char *name, const fs_tensor *dev, const 
     if ((rc = learn_pieces(k, t, sh, name, k->sharding, &all, e))) goto out;
     if (fs_pieces_global_shape(all, W, gshape)) rc = fs_errf(e, FS_E_INTERNAL, "%s: ranks hold incompatible pieces", name);
     if (!rc) rc = fs_dump_record_piece(k->o.dump, name, t, sh, gshape, fs_pieces_first_holder(all, W, me) == me, e);
-    /* a failed write on one rank must stop every rank at the same record */
-    if (fs_allreduce_max_int(k->o.par->g_world, rc) && !rc) rc = fs_errf(e, FS_E_IO, "another rank failed writing the dump");
+    /* a failed write on one rank stops every rank at the same record (the dump agreed already) */
+    rc = sink_agree(k, rc, e);
 out:
     free(all);
     fs_tensor_free(&host);
@@ -166,28 +185,41 @@ char *fs_parallel_json(const fs_par *par, int rank, const char *plan_source, cJS
     return js;
 }
 
-/* The `parallel` attribute (when there is a layout), /final/latents, close. */
-static int finish_dump(fs_dump **d, const fs_par *par, int rank, const char *plan, cJSON **map, const fs_tensor *lat,
-                       fs_err *e)
+/* The `parallel` attribute (when there is a layout), /final/latents, and the file sealed
+ * (fs_dump_seal: complete and closed, not yet renamed). */
+static int seal_dump(fs_dump *d, const fs_par *par, int rank, const char *plan, cJSON **map, const fs_tensor *lat,
+                     fs_err *e)
 {
     int rc = FS_OK;
     if (par && (par->world > 1 || rank >= 0)) {
         char *js = fs_parallel_json(par, rank, plan, *map);
         *map = NULL;
-        rc = js ? fs_dump_set_attr_string(*d, "parallel", js, e) : fs_errf(e, FS_E_NOMEM, "out of memory");
+        rc = js ? fs_dump_set_attr_string(d, "parallel", js, e) : fs_errf(e, FS_E_NOMEM, "out of memory");
         free(js);
     }
-    if (!rc) rc = fs_dump_write_final(*d, lat, e);
-    if (!rc) rc = fs_dump_close(*d, e); /* frees the dump in every case */
-    *d = NULL;
+    if (!rc) rc = fs_dump_write_final(d, lat, e);
+    if (!rc) rc = fs_dump_seal(d, e);
     return rc;
 }
 
+/* Every dump is sealed before any is published, and a parallel job agrees at each stage: the
+ * per-rank files and the global dump appear together or not at all (a full disk on one rank at
+ * the last flush deletes every rank's file). On failure fs_sink_free deletes what is left. */
 int fs_sink_finish(fs_sink *s, const char *plan_source, const fs_tensor *latents, fs_err *e)
 {
     int rc = FS_OK;
-    if (s->o.local) rc = finish_dump(&s->o.local, s->o.par, s->o.par ? s->o.par->rank : 0, plan_source,
-                                     &s->local_sharding, latents, e);
-    if (!rc && s->o.dump) rc = finish_dump(&s->o.dump, s->o.par, -1, plan_source, &s->sharding, latents, e);
+    if (s->o.local)
+        rc = seal_dump(s->o.local, s->o.par, s->o.par ? s->o.par->rank : 0, plan_source, &s->local_sharding, latents, e);
+    if (s->o.local) rc = sink_agree(s, rc, e);
+    if (!rc && s->o.dump) rc = seal_dump(s->o.dump, s->o.par, -1, plan_source, &s->sharding, latents, e);
+    if (!rc && s->o.local) {
+        rc = fs_dump_publish(s->o.local, e); /* frees it in every case */
+        s->o.local = NULL;
+        rc = sink_agree(s, rc, e);
+    }
+    if (!rc && s->o.dump) {
+        rc = fs_dump_publish(s->o.dump, e);
+        s->o.dump = NULL;
+    }
     return rc;
 }

@@ -32,6 +32,10 @@ fs_step_hooks fs_sink_hooks(fs_sink *s);
  * any still open (a failed run leaves no file). */
 int fs_sink_finish(fs_sink *s, const char *plan_source, const fs_tensor *latents, fs_err *e);
 void fs_sink_free(fs_sink *s);
+/* After a failed record, step hook or finish of a parallel run: did every rank fail together
+ * (a dump write that failed on some rank, agreed before the next collective)? Then every rank
+ * holds the first failing rank's message, and the run can end normally: no MPI_Abort. */
+int fs_sink_agreed_error(const fs_sink *s);
 
 /* The flux-dump `parallel` attribute: world, mesh, rank (-1: a global dump), ring rotation, TP
  * plan source and a sharding map (JSON object, consumed). malloc'd text. */

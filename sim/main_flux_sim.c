@@ -925,7 +925,7 @@ static int run(const opts *o, fs_err *e)
         fflush(stdout);
     }
     if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    if (rc && world->size > 1 && !fs_check_agreed_error(check)) end_job(world, e);
+    if (rc && world->size > 1 && !fs_check_agreed_error(check) && !fs_sink_agreed_error(sink)) end_job(world, e);
     if (rc) goto out;
     if (check) rc = fs_check_finish(check, e);
     if (!rc) rc = fs_sink_finish(sink, plan.source, &lat, e);
@@ -1027,6 +1027,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!rc) rc = o.estimate ? estimate_main(&o, &e) : run(&o, &e);
+    /* the outcome is decided and every dump published or deleted: a SIGTERM from here on is
+     * mpirun ending the stragglers because another rank already exited non-zero (a race in every
+     * failed job) and must not add a second message */
+    sig_quiet = 1;
     if (rc && rc != FS_DIVERGED && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
     fs_comm_finalize();
     return rc == FS_OK ? 0 : rc == FS_DIVERGED ? 1 : 2;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# flux-sim on hostile input (../shared/reliability-probe.md defects 1, 2, 10, 11, 12, 15, 16): every
+# flux-sim on hostile input (../shared/reliability-probe.md defects 1, 2, 10, 11, 12, 15, 16, 18): every
 # case must exit 2 within seconds, print exactly ONE line on stderr naming the culprit (option,
 # config key, file), and leave no output file or temporary behind. Each case here crashed, hung,
 # ran for minutes, ran silently wrong, or exited 1/139/136 before its fix.
@@ -127,6 +127,31 @@ else
   check too-big-txt     "--txt-len 1000000: 1,000,000 text tokens" --txt-len 1000000 --steps 1
   check too-big-batch   "at batch 64"             --grid 256x256 --batch 64 --steps 1
 fi
+
+# ---- --check=REF.h5 of another model or other inputs: an input error, not a divergence (probe #18) ----
+ref=${FLUX_REFERENCE_DIR:-../shared/reference}
+if [ -f "$ref/odd/dump_fp64.h5" ]; then
+  check check-ref-model "--check=$ref/odd/dump_fp64.h5: the reference is a run of another model (reference vs this run: in_channels 8 vs 64" \
+    --check="$ref/odd/dump_fp64.h5" --grid 2x2 --steps 1
+  check check-ref-tokens "--check=$ref/odd/dump_fp64.h5: the reference was run on 35 image tokens, this run has 6" \
+    --config odd --grid 2x3 --txt-len 13 --check="$ref/odd/dump_fp64.h5"
+  check check-ref-batch "the reference was run on other inputs: its step 0 latents_in is [2, 35, 8], this run's is [1, 35, 8]" \
+    --config odd --grid 5x7 --txt-len 13 --check="$ref/odd/dump_fp64.h5"
+else
+  echo "*** SKIPPED check-ref-model, check-ref-tokens, check-ref-batch: $ref/odd not found — these did NOT run ***"
+fi
+# ---- a 250-character dump name (probe #18: the temporary's suffix passed NAME_MAX), 1 and 2 ranks ----
+long=$(printf 'n%.0s' $(seq 1 250)).h5
+for np in 1 2; do
+  rm -rf "$T/long"; mkdir -p "$T/long"
+  timeout 60 mpirun --allow-run-as-root --oversubscribe -np $np "$SIM" -q --grid 2x2 --steps 1 --dump "$T/long/$long" \
+    </dev/null >"$T/stderr" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && [ "$(ls "$T/long")" = "$long" ]; then
+    pass=$((pass + 1)); echo "ok   a 250-character --dump name, $np rank(s): written, no temporary left"
+  else
+    fail=$((fail + 1)); echo "FAIL a 250-character --dump name, $np rank(s): rc=$rc, files: $(ls "$T/long" | cut -c1-40)"; head -3 "$T/stderr"
+  fi
+done
 
 # ---- control: the same binary runs a small valid case, with a plan file ----
 printf 'single_transformer_blocks.*.proj_out packed_rowwise D,4D\n' >"$T/ok.plan"

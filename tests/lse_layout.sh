@@ -8,7 +8,7 @@ set -u
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
 pass=0; fail=0
-run() { timeout 300 mpirun -np "$1" ${FLUX_BUILD:-build}/flux-sim --grid 5x7 --txt-len 13 --steps 2 --check -q "${@:2}" </dev/null 2>&1; }
+run() { timeout 300 mpirun -np "$1" "${FLUX_BUILD:-build}/flux-sim" --grid 5x7 --txt-len 13 --steps 2 --check -q "${@:2}" </dev/null 2>&1; }
 for lay in bhs bsh; do
   for L in "2|--ring 2" "3|--ring 3 --ring-rotate p2p" "4|--ulysses 2 --ring 2" "4|--tp 2 --ring 2"; do
     n=${L%%|*}; args=${L#*|}

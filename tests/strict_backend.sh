@@ -16,9 +16,9 @@ run() { # name command...
   grep -E "^\s+\[[a-z]+ float(32|64)\]|SKIPPED" "/tmp/fluxsim-strict-$$.log" | sed 's/^/  /'
 }
 # the backend really is the strict one (the header says where activations live)
-if ${FLUX_BUILD:-build}/flux-sim --steps 1 --grid 2x2 2>&1 | grep -q "on cpu-strict"; then pass=$((pass + 1)); echo "ok   FLUX_SIM_BACKEND selects cpu-strict"
+if "${FLUX_BUILD:-build}"/flux-sim --steps 1 --grid 2x2 2>&1 | grep -q "on cpu-strict"; then pass=$((pass + 1)); echo "ok   FLUX_SIM_BACKEND selects cpu-strict"
 else fail=$((fail + 1)); echo "FAIL FLUX_SIM_BACKEND does not select cpu-strict"; fi
-run test_conformance ${FLUX_BUILD:-build}/tests/test_conformance
+run test_conformance "${FLUX_BUILD:-build}"/tests/test_conformance
 for t in parallel_check inject_check comm_volume dump_replay gdb_walkthrough rank_failure; do run "$t.sh" bash "tests/$t.sh"; done
 rm -f "/tmp/fluxsim-strict-$$.log"
 echo "$pass passed, $fail failed"

@@ -6,8 +6,15 @@
  * float64 in any order, so every wrong element is a real bug, never rounding. Runs at any world
  * size: directly (1 rank) by `make test`, and under mpirun -np 2..4 by tests/mpi_collectives.sh.
  * Every check is agreed over all ranks BEFORE it is asserted (a failure on one rank alone would
- * leave the others waiting in the next collective until a timeout). Prints a results table on
- * rank 0, with each line's real verdict. */
+ * leave the others waiting in the next collective until a timeout): each rank counts its wrong
+ * elements, one all-reduce gives every rank the same verdict (how many ranks saw a wrong element,
+ * and how many in all), and every rank asserts that same verdict. Prints a results table on
+ * rank 0, with each line's real verdict ("ok", or "WRONG: n elements on k of P ranks").
+ *
+ * FLUX_TEST_COMM_BREAK=<test> (tests/mpi_collectives.sh) makes the last rank see one element of
+ * that test's result wrong: the line must then say WRONG, every rank must fail that test and
+ * only that one, and the job must still end — the proof that this test can fail without
+ * hanging. */
 #include "test_util.h"
 
 #include "fs_backend.h"
@@ -20,20 +27,51 @@ static fs_backend *BACKENDS[2];
 
 static double val(int rank, int64_t i) { return (double)(rank * 1000 + (i % 997)); }
 
-/* The largest count over the ranks: every rank then asserts the same thing. */
-static int64_t agreed(int64_t wrong)
+/* Does FLUX_TEST_COMM_BREAK name this test, and is this the rank that is to see it break? */
+static int sabotaged(const char *test)
 {
-    double w = (double)wrong;
-    fs_allreduce_max_double(W, &w, 1);
-    return (int64_t)w;
+    const char *b = getenv("FLUX_TEST_COMM_BREAK");
+    return b && !strcmp(b, test) && W->rank == W->size - 1;
 }
 
-static void report(const char *what, const fs_backend *be, fs_dtype dt, int64_t n, int64_t wrong)
+/* The verdict every rank agrees on: wrong elements over all ranks, and on how many ranks. */
+typedef struct verdict {
+    int64_t wrong, ranks;
+} verdict;
+
+static verdict agreed(int64_t wrong)
 {
-    if (W->rank == 0)
-        printf("  %-24s %-10s %-8s %10lld elements  %s\n", what, be->name, fs_dtype_name(dt), (long long)n,
-               wrong ? "WRONG" : "ok");
+    /* entry r = rank r's count, max-reduced: a plain host MPI_MAX, independent of the tensor
+     * collectives under test */
+    double *c = calloc((size_t)W->size, sizeof *c);
+    verdict out = {wrong, wrong != 0}; /* if even the agreement cannot run, this rank still fails */
+    if (!c) return out;
+    c[W->rank] = (double)wrong;
+    fs_allreduce_max_double(W, c, W->size);
+    out = (verdict){0, 0};
+    for (int r = 0; r < W->size; r++) {
+        out.wrong += (int64_t)c[r];
+        out.ranks += c[r] != 0;
+    }
+    free(c);
+    return out;
 }
+
+/* One line of the table (rank 0), then the same assertion on every rank. */
+#define REPORT(what, be, dt, n, local_wrong)                                                                         \
+    do {                                                                                                             \
+        verdict v_ = agreed(local_wrong);                                                                            \
+        if (W->rank == 0) {                                                                                          \
+            char r_[96] = "ok";                                                                                      \
+            if (v_.wrong || v_.ranks)                                                                                \
+                snprintf(r_, sizeof r_, "WRONG: %lld elements on %lld of %d ranks", (long long)v_.wrong,             \
+                         (long long)v_.ranks, W->size);                                                              \
+            printf("  %-24s %-10s %-8s %10lld elements  %s\n", what, (be)->name, fs_dtype_name(dt), (long long)(n),  \
+                   r_);                                                                                              \
+            fflush(stdout);                                                                                          \
+        }                                                                                                            \
+        assert_int_equal(v_.wrong + v_.ranks, 0);                                                                    \
+    } while (0)
 
 /* A backend tensor filled from host values f(i). */
 static fs_tensor make(fs_backend *be, fs_dtype dt, int64_t n, double (*f)(int64_t, void *), void *ctx)
@@ -67,15 +105,14 @@ static void test_allreduce(void **s)
             fs_tensor t = make(BACKENDS[b], dt, n, mine_val, NULL);
             int rc = fs_allreduce_sum_t(W, &t, NULL);
             fs_tensor h = fetch(&t);
+            if (sabotaged("allreduce")) fs_tensor_set(&h, n / 2, -1);
             int64_t wrong = rc ? n : 0;
             for (int64_t i = 0; i < n; i++) {
                 double want = 0;
                 for (int r = 0; r < W->size; r++) want += val(r, i);
                 wrong += fs_tensor_get(&h, i) != want;
             }
-            wrong = agreed(wrong);
-            report("allreduce_sum", BACKENDS[b], dt, n, wrong);
-            assert_int_equal(wrong, 0);
+            REPORT("allreduce_sum", BACKENDS[b], dt, n, wrong);
             fs_tensor_free(&t);
             fs_tensor_free(&h);
         }
@@ -95,12 +132,11 @@ static void test_allgatherv_uneven(void **s)
         fs_tensor mine = make(BACKENDS[b], FS_F64, cnt[W->rank], mine_val, NULL), all = make(BACKENDS[b], FS_F64, tot, zero, NULL);
         int rc = fs_allgatherv_t(W, &mine, &all, cnt, dsp, NULL);
         fs_tensor h = fetch(&all);
+        if (sabotaged("allgatherv")) fs_tensor_set(&h, tot - 1, -1);
         int64_t wrong = rc ? tot : 0;
         for (int r = 0; r < P; r++)
             for (int64_t i = 0; i < cnt[r]; i++) wrong += fs_tensor_get(&h, dsp[r] + i) != val(r, i);
-        wrong = agreed(wrong);
-        report("allgatherv (uneven)", BACKENDS[b], FS_F64, tot, wrong);
-        assert_int_equal(wrong, 0);
+        REPORT("allgatherv (uneven)", BACKENDS[b], FS_F64, tot, wrong);
         fs_tensor_free(&mine);
         fs_tensor_free(&all);
         fs_tensor_free(&h);
@@ -137,12 +173,11 @@ static void test_alltoallv(void **s)
         fs_tensor snd = make(BACKENDS[b], FS_F32, st, a2a_val, &x), rcv = make(BACKENDS[b], FS_F32, rt, zero, NULL);
         int err = fs_alltoallv_t(W, &snd, sc, sd, &rcv, rc, rd, NULL);
         fs_tensor h = fetch(&rcv);
+        if (sabotaged("alltoallv")) fs_tensor_set(&h, 0, -1);
         int64_t wrong = err ? rt : 0;
         for (int q = 0; q < P; q++)
             for (int64_t i = 0; i < rc[q]; i++) wrong += fs_tensor_get(&h, rd[q] + i) != (float)(q * 100 + me * 10 + i);
-        wrong = agreed(wrong);
-        report("alltoallv (uneven)", BACKENDS[b], FS_F32, rt, wrong);
-        assert_int_equal(wrong, 0);
+        REPORT("alltoallv (uneven)", BACKENDS[b], FS_F32, rt, wrong);
         fs_tensor_free(&snd);
         fs_tensor_free(&rcv);
         fs_tensor_free(&h);
@@ -158,11 +193,10 @@ static void test_bcast(void **s)
         const int root = W->size - 1;
         int rc = fs_bcast_t(W, root, &t, NULL);
         fs_tensor h = fetch(&t);
+        if (sabotaged("bcast")) fs_tensor_set(&h, 1, -1);
         int64_t wrong = rc ? n : 0;
         for (int64_t i = 0; i < n; i++) wrong += fs_tensor_get(&h, i) != val(root, i);
-        wrong = agreed(wrong);
-        report("bcast (root = last)", BACKENDS[b], FS_F64, n, wrong);
-        assert_int_equal(wrong, 0);
+        REPORT("bcast (root = last)", BACKENDS[b], FS_F64, n, wrong);
         fs_tensor_free(&t);
         fs_tensor_free(&h);
     }
@@ -183,6 +217,7 @@ static void test_ring_p2p(void **s)
             if (!rc) rc = fs_ring_wait(&rq, NULL);
             int from = ((me - step - 1) % P + P) % P;
             fs_tensor h = fetch(&nxt);
+            if (sabotaged("ring")) fs_tensor_set(&h, 0, -1);
             wrong += rc ? n : 0;
             for (int64_t i = 0; i < n; i++) wrong += fs_tensor_get(&h, i) != val(from, i);
             fs_tensor_free(&h);
@@ -190,9 +225,7 @@ static void test_ring_p2p(void **s)
             cur = nxt;
             nxt = tmp;
         }
-        wrong = agreed(wrong);
-        report("ring sendrecv", BACKENDS[b], FS_F64, n * (P - 1), wrong);
-        assert_int_equal(wrong, 0);
+        REPORT("ring sendrecv", BACKENDS[b], FS_F64, n * (P - 1), wrong);
         fs_tensor_free(&cur);
         fs_tensor_free(&nxt);
     }
@@ -212,6 +245,7 @@ static void test_gather_tiling(void **s)
         for (int64_t bb = 0; bb < 2; bb++)
             for (int64_t i = lo; i < hi; i++)
                 for (int64_t c = 0; c < C; c++) fs_tensor_set(&h, (bb * (hi - lo) + i - lo) * C + c, bb * 10000 + i * 100 + c);
+        if (sabotaged("gather") && hi > lo) fs_tensor_set(&h, 0, -1); /* a wrong piece: rank 0 must see it */
         assert_int_equal(fs_tensor_alloc_on(&t, BACKENDS[b], FS_F64, 3, h.shape, NULL), 0);
         assert_int_equal(fs_tensor_upload(&t, &h, NULL), 0);
         fs_shard sh = {.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{lo, hi}}}}};
@@ -238,9 +272,7 @@ static void test_gather_tiling(void **s)
             fs_tensor_free(&r);
             fs_tensor_free(&h);
         }
-        wrong = agreed(wrong);
-        report("gather to root (tiling)", BACKENDS[b], FS_F64, 2 * S * C, wrong);
-        assert_int_equal(wrong, 0);
+        REPORT("gather to root (tiling)", BACKENDS[b], FS_F64, 2 * S * C, wrong);
     }
 }
 
