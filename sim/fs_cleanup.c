@@ -31,9 +31,13 @@ void fs_cleanup_remove(const char *path)
 
 void fs_cleanup_run(void)
 {
+    /* files first, then directories (--dump-per-rank's), whatever the order they were registered
+     * in: unlink refuses a directory (EISDIR); rmdir removes it only once it is empty */
+    for (int i = 0; i < MAX_PATHS; i++)
+        if (used[i] && unlink(paths[i]) == 0) used[i] = 0;
     for (int i = 0; i < MAX_PATHS; i++)
         if (used[i]) {
-            unlink(paths[i]);
+            rmdir(paths[i]);
             used[i] = 0;
         }
 }

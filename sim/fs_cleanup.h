@@ -5,7 +5,8 @@
  * Writers register their temporaries here; the CLI runs fs_cleanup_run() from its signal
  * handlers (SIGTERM/SIGINT/SIGHUP: what mpirun sends the ranks when a job is aborted or
  * interrupted) and before it ends a job with MPI_Abort. fs_cleanup_run is async-signal-safe
- * (unlink(2) only, no allocation): the registry is a fixed table. */
+ * (unlink(2) and rmdir(2) only, no allocation): the registry is a fixed table. A directory
+ * is removed after every file, if it is empty then. */
 #ifndef FS_CLEANUP_H
 #define FS_CLEANUP_H
 

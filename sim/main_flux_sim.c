@@ -715,6 +715,7 @@ static int run(const opts *o, fs_err *e)
     fs_backend *be = NULL;
     fs_select sel = {0};
     fs_select_filter fsink, fref;
+    int made_dpr_dir = 0; /* this rank created the --dump-per-rank directory */
     fs_progress prog; /* rank 0's progress lines on stderr; every rank times its steps */
     fs_progress_init(&prog, quiet ? NULL : stderr);
     char decl_modules[600], decl_steps[300];
@@ -842,7 +843,8 @@ static int run(const opts *o, fs_err *e)
     }
     if (!rc && o->dump_per_rank) {
         char path[1024], lprod[400];
-        if (mkdir(o->dump_per_rank, 0777) && errno != EEXIST)
+        if (!mkdir(o->dump_per_rank, 0777)) made_dpr_dir = 1;
+        else if (errno != EEXIST)
             rc = fs_errf(e, FS_E_IO, "%s: cannot create directory: %s", o->dump_per_rank, strerror(errno));
         snprintf(path, sizeof path, "%s/rank_%d.h5", o->dump_per_rank, world->rank);
         snprintf(lprod, sizeof lprod, "%s, rank %d local view", producer, world->rank);
@@ -850,6 +852,11 @@ static int run(const opts *o, fs_err *e)
             !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
             rc = fs_dump_set_attr_string(local, "weights", w.source, e);
         if (!rc && local && !fs_select_all(&sel)) rc = declare_selection(local, decl_modules, decl_steps, e);
+    }
+    if (o->dump_per_rank) { /* same on every rank: this job made the directory (one rank did); every
+                               rank removes it if the job fails, or is killed, and it is empty */
+        made_dpr_dir = fs_allreduce_max_int(world, made_dpr_dir);
+        if (made_dpr_dir) fs_cleanup_add(o->dump_per_rank);
     }
     if (o->check) {
         fs_check_tol tol = fs_check_default_tol(dt);
@@ -963,6 +970,12 @@ out:
     fs_sink_free(sink); /* aborts (deletes) any dump not finished */
     fs_dump_abort(dump);
     fs_dump_abort(local);
+    /* a failed run leaves no --dump-per-rank directory it created (rmdir only removes it empty:
+     * the other ranks' files, if any were published, keep it) */
+    if (made_dpr_dir) {
+        fs_cleanup_remove(o->dump_per_rank);
+        if (rc && rc != FS_DIVERGED) rmdir(o->dump_per_rank);
+    }
     fs_check_free(check);
     fs_tensor_free(&lat);
     fs_weights_free(&wb);

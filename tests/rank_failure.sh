@@ -29,7 +29,8 @@ for c in "${CASES[@]}"; do
   tag="np=$n ${layout:-single rank} $extra: rank $r fails at step 1 $module"
   msgs=$(grep -c "^flux-sim: error" "$T/log")
   who="on rank $r"; [ "$n" = 1 ] && who="" # a single rank says "flux-sim: error: ..."
-  left=$(ls "$T" | grep -v '^log$' | grep -v '^ranks$'; ls "$T/ranks" 2>/dev/null)
+  # nothing left: no dump, no temporary, and not the --dump-per-rank directory the job made
+  left=$(ls "$T" | grep -v '^log$')
   if [ $rc -eq 2 ] && [ "$msgs" -eq 1 ] && grep -q "^flux-sim: error${who:+ $who}: step 1: $module: out of memory" "$T/log" \
      && [ -z "$left" ] && [ $secs -lt 60 ]; then
     ok "$tag → exit 2 in ${secs}s, one message naming rank $r, nothing left"
