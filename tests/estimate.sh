@@ -2,7 +2,8 @@
 # flux-sim --estimate against what the code does (issue 13):
 #  1. memory: the per-rank total is within 10% of the peak RSS the same run reaches (maximum RSS
 #     from /usr/bin/time, every rank), single rank and under TP, Ulysses, ring and TP x ring,
-#     fp32 and bf16;
+#     fp32 and bf16 (64x64 tokens at batch 4: the activations of 16384 token rows, a quarter of
+#     a 128x128 grid's attention work);
 #  2. collectives: the calls and bytes per step of every collective equal what --comm-stats counts
 #     (rank 0, 2 steps; the latents' final all-gather is once per run, not per step);
 #  3. the seed's GPU figures (FLUX.1-dev bf16 at 1024², ../shared/seeds/001): the "GPU holding every
@@ -26,10 +27,10 @@ to_mib() { awk -v v="$1" -v u="$2" 'BEGIN { f = u == "GiB" ? 1024 : u == "KiB" ?
 if [ -n "${FLUX_SANITIZE:-}" ]; then
   echo "*** SKIPPED the RSS comparisons under the sanitizers — they did NOT run ***"
 else
-  for L in "1|--config default --grid 128x128 --steps 1" "1|--config default --grid 128x128 --steps 1 --precision bf16" \
-           "2|--config default --grid 128x128 --steps 1 --tp 2" "2|--config default --grid 128x128 --steps 1 --ulysses 2" \
-           "2|--config default --grid 128x128 --steps 1 --ring 2 --ring-rotate p2p" \
-           "4|--config default --grid 128x128 --steps 1 --tp 2 --ring 2"; do
+  for L in "1|--config default --grid 64x64 --batch 4 --steps 1" "1|--config default --grid 64x64 --batch 4 --steps 1 --precision bf16" \
+           "2|--config default --grid 64x64 --batch 4 --steps 1 --tp 2" "2|--config default --grid 64x64 --batch 4 --steps 1 --ulysses 2" \
+           "2|--config default --grid 64x64 --batch 4 --steps 1 --ring 2 --ring-rotate p2p" \
+           "4|--config default --grid 64x64 --batch 4 --steps 1 --tp 2 --ring 2"; do
     np=${L%%|*}; args=${L#*|}
     tot=$("$SIM" --estimate $args | awk '/^    total/ {print $2, $3}')
     est=$(to_mib $tot)
