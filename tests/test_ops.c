@@ -11,6 +11,7 @@
 #include "fs_plan.h"
 #include "fs_rng.h"
 #include "fs_sampler.h"
+#include "fs_vmath.h"
 
 static fs_backend *be;
 
@@ -42,6 +43,149 @@ static void test_gelu_tanh(void **s)
         fs_tensor_free(&a);
         fs_tensor_free(&y);
     }
+}
+
+/* ---- float32 vector exp / tanh (fs_vmath.h) ---- */
+
+/* |got - exact| in units of the ulp of the float nearest the exact value */
+static double ulp_err(float got, double exact)
+{
+    const float f = (float)exact;
+    int ex;
+    frexpf(fabsf(f), &ex);
+    double u = f == 0 ? ldexp(1, -149) : ldexp(1, ex - 24);
+    if (u < ldexp(1, -149)) u = ldexp(1, -149);
+    return fabs((double)got - exact) / u;
+}
+
+/* The widths this machine runs: 4, and 8 where it has AVX2. */
+static int vmath_widths(int *w)
+{
+    int n = 0;
+    w[n++] = 4;
+    if (fs_vmath_force_width(8) == 0) w[n++] = 8;
+    fs_vmath_force_width(0);
+    return n;
+}
+
+/* exp < 1 ulp over its range, tanh < 1.5 ulp everywhere, on every 251st float (17 M values;
+ * tools/bench_vmath_accuracy measures all of them), bit-identical across widths */
+static void test_vmath_accuracy(void **s)
+{
+    enum { CH = 1 << 16 };
+    float *x = malloc(sizeof(float) * CH), *y[2] = {malloc(sizeof(float) * CH), malloc(sizeof(float) * CH)};
+    int w[2], nw = vmath_widths(w);
+    double worst[2] = {0, 0};
+    for (int fn = 0; fn < 2; fn++) {
+        int64_t n = 0;
+        for (uint64_t b = 0; b < (1ull << 32); b += 251) {
+            uint32_t u = (uint32_t)b;
+            float v;
+            memcpy(&v, &u, 4);
+            if (isnan(v) || (fn == 0 && (v < -87.33654f || v > 88.72283f))) continue;
+            x[n++] = v;
+            if (n < CH && b + 251 < (1ull << 32)) continue;
+            for (int k = 0; k < nw; k++) {
+                assert_int_equal(fs_vmath_force_width(w[k]), 0);
+                (fn ? fs_vmath_tanh : fs_vmath_exp)(y[k], x, n);
+            }
+            fs_vmath_force_width(0);
+            for (int64_t i = 0; i < n; i++) {
+                const double e = ulp_err(y[0][i], fn ? tanh((double)x[i]) : exp((double)x[i]));
+                if (e > worst[fn]) worst[fn] = e;
+                if (nw > 1 && memcmp(&y[0][i], &y[1][i], 4))
+                    fail_msg("%s(%.9g): width 4 gives %.9g, width 8 %.9g", fn ? "tanh" : "exp", x[i], y[0][i], y[1][i]);
+            }
+            n = 0;
+        }
+    }
+    printf("  vmath: exp max %.3f ulp, tanh max %.3f ulp (widths 4%s)\n", worst[0], worst[1], nw > 1 ? " and 8" : " only");
+    if (!(worst[0] < 1.0)) fail_msg("exp: %.3f ulp", worst[0]);
+    if (!(worst[1] < 1.5)) fail_msg("tanh: %.3f ulp", worst[1]);
+    /* the edges: NaN, infinities, signed zeros, under- and overflow */
+    const float in[10] = {NAN, INFINITY, -INFINITY, -0.0f, 0.0f, -87.4f, -100.0f, 88.8f, 1e-30f, -10.5f};
+    float eo[10], to[10];
+    fs_vmath_exp(eo, in, 10);
+    fs_vmath_tanh(to, in, 10);
+    assert_true(isnan(eo[0]) && isnan(to[0]));
+    assert_true(eo[1] == INFINITY && eo[2] == 0 && eo[3] == 1 && eo[4] == 1 && eo[5] == 0 && eo[6] == 0 && eo[7] == INFINITY);
+    assert_true(to[1] == 1 && to[2] == -1 && to[4] == 0 && !signbit(to[4]) && to[3] == 0 && signbit(to[3]));
+    assert_true(to[8] == 1e-30f && to[9] == -1);
+    free(x);
+    free(y[0]);
+    free(y[1]);
+}
+
+/* rowmax and expsum at every length 0..40 (the padded last step) and one of 1536, both widths:
+ * the same bits, the exps written back in place and nothing past n touched, the sum within
+ * float rounding of the double sum; NaN propagates */
+static void test_vmath_softmax_rows(void **s)
+{
+    int w[2], nw = vmath_widths(w);
+    float x[1600], r[2][1600 + 8], sum[2];
+    for (int n = 0; n <= 1536; n = n < 40 ? n + 1 : n + 1496) { /* 0..40, then 1536 */
+        for (int i = 0; i < n; i++) x[i] = (float)(((i * 37) % 101) - 50) * 0.173f;
+        for (int k = 0; k < nw; k++) {
+            assert_int_equal(fs_vmath_force_width(w[k]), 0);
+            for (int i = 0; i < n + 8; i++) r[k][i] = i < n ? x[i] : 12345.0f;
+            const float mx = fs_vmath_rowmax(r[k], n);
+            float want = -INFINITY;
+            for (int i = 0; i < n; i++) want = x[i] > want ? x[i] : want;
+            assert_true(mx == want);
+            sum[k] = fs_vmath_expsum(r[k], n, mx);
+            double ds = 0;
+            for (int i = 0; i < n; i++) { /* x - mx rounds in float first, as in the kernel */
+                ds += exp((double)(x[i] - mx));
+                if (ulp_err(r[k][i], exp((double)(x[i] - mx))) >= 1.0) fail_msg("n=%d: exp at %d", n, i);
+            }
+            for (int i = n; i < n + 8; i++) assert_true(r[k][i] == 12345.0f);
+            float d[1536], ed[1536]; /* the softmax's exp (x <= 0 only) is fs_vmath_exp, bit for bit */
+            for (int i = 0; i < n; i++) d[i] = x[i] - mx;
+            fs_vmath_exp(ed, d, n);
+            if (n) assert_memory_equal(ed, r[k], sizeof(float) * (size_t)n);
+            close_to(sum[k], ds, 1e-6 * ds, "expsum");
+        }
+        fs_vmath_force_width(0);
+        if (nw > 1) {
+            assert_memory_equal(r[0], r[1], sizeof(float) * (size_t)n);
+            assert_memory_equal(&sum[0], &sum[1], sizeof(float));
+        }
+    }
+    /* every 97th non-positive float down to -104 (through the denormal range, which flushes to 0) */
+    enum { CH = 4096 };
+    float a[CH], b[CH];
+    int m = 0;
+    for (uint32_t u = 0x80000000u; u <= 0xC2D00000u; u += 97) {
+        memcpy(&a[m], &u, 4);
+        if (++m < CH && u + 97 <= 0xC2D00000u) continue;
+        fs_vmath_exp(b, a, m);
+        float c[CH];
+        memcpy(c, a, sizeof(float) * (size_t)m);
+        fs_vmath_expsum(c, m, 0.0f);
+        assert_memory_equal(b, c, sizeof(float) * (size_t)m);
+        m = 0;
+    }
+    float z[5] = {1, NAN, 2, 3, 4};
+    const float mz = fs_vmath_rowmax(z, 5);
+    assert_true(mz == 4);
+    assert_true(isnan(fs_vmath_expsum(z, 5, mz)) && isnan(z[1]) && z[4] == 1);
+}
+
+/* the vector GELU against the formula in double: within a few float ulps of the magnitudes it
+ * adds up (tanh's error is < 1.5 ulp; the products round) */
+static void test_vmath_gelu(void **s)
+{
+    enum { N = 20001 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = -10.0f + 20.0f * (float)i / (N - 1);
+    fs_vmath_gelu_tanh(y, x, N);
+    for (int i = 0; i < N; i++) {
+        const double v = x[i], inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+        const double want = 0.5 * v * (1 + tanh(inner));
+        close_to(y[i], want, 8 * 0x1p-24 * fabs(v) * (1 + fabs(inner)), "vector gelu_tanh");
+    }
+    free(x);
+    free(y);
 }
 
 static void test_silu(void **s)
@@ -288,6 +432,8 @@ static void test_attention_vs_naive(void **s)
     attention_case(FS_F64, 2, 7, 7, 3, 8, 1e-12);
     attention_case(FS_F64, 1, 300, 170, 2, 16, 1e-12); /* > one 256-row query block, Sq != Skv */
     attention_case(FS_F32, 1, 129, 129, 2, 16, 2e-5);
+    attention_case(FS_F32, 2, 300, 13, 3, 8, 2e-5); /* > one query block, keys fewer than 8 + a padded step */
+    attention_case(FS_F32, 1, 5, 5, 1, 4, 2e-5);
 }
 
 /* ---- AdaLN chunk orders, through the real forward ----
@@ -701,6 +847,9 @@ int main(void)
     be = fs_backend_cpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gelu_tanh),
+        cmocka_unit_test(test_vmath_accuracy),
+        cmocka_unit_test(test_vmath_softmax_rows),
+        cmocka_unit_test(test_vmath_gelu),
         cmocka_unit_test(test_silu),
         cmocka_unit_test(test_layernorm_no_affine),
         cmocka_unit_test(test_rmsnorm_per_head),

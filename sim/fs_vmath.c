@@ -1,0 +1,53 @@
+/* fs_vmath.c — fs_vmath.h: the functions of fs_vmath.inc at 4 lanes (the build's ISA) and at 8
+ * (AVX2, x86-64 only), and the run-time choice between them. */
+#include "fs_vmath.h"
+
+#include <string.h>
+
+#define FS_VW 4
+#define FS_VATTR
+#include "fs_vmath.inc"
+#undef FS_VW
+#undef FS_VATTR
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FS_HAVE_W8 1
+#define FS_VW 8
+#define FS_VATTR __attribute__((target("avx2"))) /* AVX2 alone: no FMA, so no contraction */
+#include "fs_vmath.inc"
+#undef FS_VW
+#undef FS_VATTR
+#endif
+
+static int forced;
+
+int fs_vmath_width(void)
+{
+    if (forced) return forced;
+#ifdef FS_HAVE_W8
+    if (__builtin_cpu_supports("avx2")) return 8;
+#endif
+    return 4;
+}
+
+int fs_vmath_force_width(int w)
+{
+    if (w == 0 || w == 4) forced = w;
+#ifdef FS_HAVE_W8
+    else if (w == 8 && __builtin_cpu_supports("avx2")) forced = 8;
+#endif
+    else return -1;
+    return 0;
+}
+
+#ifdef FS_HAVE_W8
+#define PICK(f, ...) (fs_vmath_width() == 8 ? f##_8(__VA_ARGS__) : f##_4(__VA_ARGS__))
+#else
+#define PICK(f, ...) f##_4(__VA_ARGS__)
+#endif
+
+float fs_vmath_rowmax(const float *x, int64_t n) { return PICK(rowmax, x, n); }
+float fs_vmath_expsum(float *x, int64_t n, float mx) { return PICK(expsum, x, n, mx); }
+void fs_vmath_gelu_tanh(float *o, const float *a, int64_t n) { PICK(gelu_tanh, o, a, n); }
+void fs_vmath_exp(float *y, const float *x, int64_t n) { PICK(exp_array, y, x, n); }
+void fs_vmath_tanh(float *y, const float *x, int64_t n) { PICK(tanh_array, y, x, n); }
