@@ -10,7 +10,11 @@
 #include <string.h>
 
 #include "fs_backend_cpu.h"
+#include "fs_vmath.h"
 
+/* The float instance vectorises its exp/tanh loops (FS_VEC_F32: fs_vmath.h); the double one
+ * keeps libm and its loops unchanged. */
+#define FS_VEC_F32 1
 #define T float
 #define SFX f32
 #define GEMM cblas_sgemm
@@ -19,6 +23,7 @@
 #define TANH tanhf
 #define LOG1P log1pf
 #include "fs_kernels_cpu.inc"
+#undef FS_VEC_F32
 #undef T
 #undef SFX
 #undef GEMM
@@ -56,17 +61,46 @@ static int cpu_alloc(fs_backend *be, size_t bytes, void **p, fs_err *e)
     return FS_OK;
 }
 static void cpu_free(fs_backend *be, void *p) { free(p); }
+#define PAR_BYTES (4u << 20) /* memsets and copies from this size on use the OpenMP threads */
+#define CHUNK_BYTES (1u << 20)
 static int cpu_memset(fs_backend *be, void *p, int v, size_t n, fs_err *e)
 {
-    if (n) memset(p, v, n);
+    if (n < PAR_BYTES) {
+        if (n) memset(p, v, n);
+        return FS_OK;
+    }
+    const int64_t nc = (int64_t)((n + CHUNK_BYTES - 1) / CHUNK_BYTES);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nc; c++) {
+        const size_t o = (size_t)c * CHUNK_BYTES;
+        memset((char *)p + o, v, n - o < CHUNK_BYTES ? n - o : CHUNK_BYTES);
+    }
     return FS_OK;
 }
-/* One 2-D copy for all three directions: host memory on both sides. */
+/* One 2-D copy for all three directions: host memory on both sides. Rows may overlap (memmove);
+ * a big copy between disjoint ranges is split over the OpenMP threads. */
 static int cpu_copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t rows, fs_err *e)
 {
     if (!w || !rows || dst == src) return FS_OK;
+    const char *d0 = dst, *s0 = src, *d1 = d0 + dp * (rows - 1) + w, *s1 = s0 + sp * (rows - 1) + w;
+    const int par = w * rows >= PAR_BYTES && (d1 <= s0 || s1 <= d0);
     if (dp == w && sp == w) {
-        memmove(dst, src, w * rows);
+        const size_t n = w * rows;
+        if (!par) {
+            memmove(dst, src, n);
+            return FS_OK;
+        }
+        const int64_t nc = (int64_t)((n + CHUNK_BYTES - 1) / CHUNK_BYTES);
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < nc; c++) {
+            const size_t o = (size_t)c * CHUNK_BYTES;
+            memcpy((char *)dst + o, (const char *)src + o, n - o < CHUNK_BYTES ? n - o : CHUNK_BYTES);
+        }
+        return FS_OK;
+    }
+    if (par) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < (int64_t)rows; r++) memcpy((char *)dst + r * dp, (const char *)src + r * sp, w);
         return FS_OK;
     }
     for (size_t r = 0; r < rows; r++) memmove((char *)dst + r * dp, (const char *)src + r * sp, w);
