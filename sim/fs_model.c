@@ -190,6 +190,13 @@ static int new3(ctx *c, fs_tensor *t, int64_t d0, int64_t d1, int64_t d2)
     return new_tensor(c, t, 3, (int64_t[]){d0, d1, d2});
 }
 static int new_like(ctx *c, fs_tensor *t, const fs_tensor *x) { return new_tensor(c, t, x->ndim, x->shape); }
+/* An op's output that the op writes in full (a GEMM with beta = 0, an element-wise op, copies
+ * that tile it): not zero-filled first, which at FLUX width was a memset of every activation. */
+static int new_out(ctx *c, fs_tensor *t, int ndim, const int64_t *shape)
+{
+    return fs_tensor_alloc_on_uninit(t, c->be, c->dt, ndim, shape, c->e);
+}
+static int out_like(ctx *c, fs_tensor *t, const fs_tensor *x) { return new_out(c, t, x->ndim, x->shape); }
 
 /* A host tensor computed here (sinusoids, RoPE tables), placed in backend memory. */
 static int upload_new(ctx *c, const fs_tensor *host, fs_tensor *dev)
@@ -249,7 +256,7 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = Ny;
-    if ((rc = new_tensor(c, y, x->ndim, shape))) return rc;
+    if ((rc = (Kl > 0 ? new_out : new_tensor)(c, y, x->ndim, shape))) return rc; /* K = 0: zeros, kept explicit */
     const void *A = sp.input_replicated ? (const char *)x->data + (size_t)sp.c[0][0] * fs_dtype_size(c->dt) : x->data;
     if (!sp.reduce) { /* replicate, colwise: one GEMM with the bias */
         TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, b->data, y->data, Ny, c->e));
@@ -272,7 +279,7 @@ static int activation(ctx *c, unary_op op, const fs_tensor *x, fs_tensor *y, int
     __attribute__((format(printf, 7, 8)));
 static int activation(ctx *c, unary_op op, const fs_tensor *x, fs_tensor *y, int stream, tp_axis f, const char *fmt, ...)
 {
-    int rc = new_like(c, y, x);
+    int rc = out_like(c, y, x);
     if (!rc) rc = op(c->be, y, x, c->e);
     if (rc) return rc;
     char name[192];
@@ -286,7 +293,7 @@ static int activation(ctx *c, unary_op op, const fs_tensor *x, fs_tensor *y, int
 /* Plain LayerNorm (no affine, eps 1e-6) into a new tensor. */
 static int layernorm(ctx *c, const fs_tensor *x, fs_tensor *y)
 {
-    int rc = new_like(c, y, x);
+    int rc = out_like(c, y, x);
     return rc ? rc : c->be->layernorm(c->be, y, x, LN_EPS, c->e);
 }
 
@@ -306,7 +313,7 @@ static int cat_seq(ctx *c, const fs_tensor *a, const fs_tensor *b, fs_tensor *y)
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, a->shape, sizeof shape);
     shape[1] = Sa + Sb;
-    int rc = new_tensor(c, y, a->ndim, shape);
+    int rc = new_out(c, y, a->ndim, shape);
     if (rc) return rc;
     const size_t es = fs_dtype_size(c->dt);
     if (!rc) rc = copy2d(c, y->data, (Sa + Sb) * W, a->data, Sa * W, B, Sa * W);
@@ -322,7 +329,7 @@ static int slice_seq(ctx *c, const fs_tensor *x, int64_t s0, int64_t n, fs_tenso
     int64_t shape[FS_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[1] = n;
-    int rc = new_tensor(c, y, x->ndim, shape);
+    int rc = new_out(c, y, x->ndim, shape);
     if (!rc) rc = copy2d(c, y->data, n * W, (const char *)x->data + (size_t)(s0 * W) * fs_dtype_size(c->dt), S * W, B, n * W);
     if (rc) fs_tensor_free(y);
     return rc;
@@ -333,7 +340,7 @@ static int chunk(ctx *c, const fs_tensor *e, int n, fs_tensor *out)
 {
     int64_t B = e->shape[0], W = e->shape[1] / n;
     for (int k = 0; k < n; k++) {
-        int rc = new_tensor(c, &out[k], 2, (int64_t[]){B, W});
+        int rc = new_out(c, &out[k], 2, (int64_t[]){B, W});
         if (!rc) rc = copy2d(c, out[k].data, W, (const char *)e->data + (size_t)(k * W) * fs_dtype_size(c->dt), e->shape[1], B, W);
         if (rc) return rc;
     }
@@ -547,7 +554,7 @@ static int ada_layer_norm_zero(ctx *c, const char *name, const fs_tensor *x, int
     TRY(chunk(c, &lin, n, mod));
     TRY(layernorm(c, x, &ln));
     TRY(REC(&ln, stream, REPL, "%s.norm", name));
-    TRY(new_like(c, xm, x));
+    TRY(out_like(c, xm, x));
     TRY(c->be->modulate(c->be, xm, &ln, &mod[1], &mod[0], c->e)); /* gotcha 9: LN(x)·(1 + scale) + shift */
     TRY(REC(xm, stream, REPL, "%s#0", name));
     for (int k = 1; k < n - 1; k++) TRY(REC(&mod[k + 1], ST_REP, REPL, "%s#%d", name, k));
@@ -566,7 +573,7 @@ static int qk_norm(ctx *c, const fs_tensor *x, const fs_tp_split *proj, const ch
     const fs_tensor *w = weight(c, fmt_name(wn, sizeof wn, "%s.weight", name));
     if (!w) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", wn);
     int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
-    int rc = new_tensor(c, y, 4, shape);
+    int rc = new_out(c, y, 4, shape);
     if (!rc) rc = c->be->rmsnorm(c->be, y, x, w, RMS_EPS, c->e);
     if (rc) return rc;
     return rec_sharded(c, y, stream, 1, (tp_axis){proj, 2, c->Dh}, "%s", name);
@@ -668,7 +675,7 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     TRY(be->gated_add(be, x, &mod[2], &t[AX], c->e));
     TRY(layernorm(c, x, &t[LN2]));
     TRY(REC(&t[LN2], ST_IMG, REPL, "%s.norm2", p));
-    TRY(new_like(c, &t[M2], x));
+    TRY(out_like(c, &t[M2], x));
     TRY(be->modulate(be, &t[M2], &t[LN2], &mod[4], &mod[3], c->e));
     TRY(feed_forward(c, &t[M2], N("ff"), ST_IMG, &t[FF]));
     TRY(be->gated_add(be, x, &mod[5], &t[FF], c->e));
@@ -677,7 +684,7 @@ static int double_block(ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_ten
     TRY(be->gated_add(be, cx, &cmod[2], &t[AC], c->e));
     TRY(layernorm(c, cx, &t[LN2C]));
     TRY(REC(&t[LN2C], ST_TXT, REPL, "%s.norm2_context", p));
-    TRY(new_like(c, &t[M2C], cx));
+    TRY(out_like(c, &t[M2C], cx));
     TRY(be->modulate(be, &t[M2C], &t[LN2C], &cmod[4], &cmod[3], c->e));
     TRY(feed_forward(c, &t[M2C], N("ff_context"), ST_TXT, &t[FFC]));
     TRY(be->gated_add(be, cx, &cmod[5], &t[FFC], c->e));
@@ -724,7 +731,7 @@ static int single_block(ctx *c, int i, fs_tensor *h, const fs_tensor *temb, cons
     /* proj_out on cat([attn, mlp], dim=2): attention columns first. Under TP this is the rank's
      * [attn_shard | mlp_shard], which is why proj_out is packed_rowwise in the plan. */
     const int64_t Da = t[A].shape[2], Fa = t[ACT].shape[2];
-    TRY(new3(c, &t[CAT], B, S, Da + Fa));
+    TRY(new_out(c, &t[CAT], 3, (int64_t[]){B, S, Da + Fa}));
     TRY(copy2d(c, t[CAT].data, Da + Fa, t[A].data, Da, B * S, Da));
     TRY(copy2d(c, (char *)t[CAT].data + (size_t)Da * fs_dtype_size(c->dt), Da + Fa, t[ACT].data, Fa, B * S, Fa));
     TRY(linear(c, &t[CAT], N("proj_out"), ST_JOINT, &t[PO], NULL));
@@ -755,7 +762,7 @@ static int norm_out(ctx *c, const fs_tensor *x, const fs_tensor *temb, fs_tensor
     TRY(chunk(c, &lin, 2, mod));
     TRY(layernorm(c, x, &ln));
     TRY(REC(&ln, ST_IMG, REPL, "norm_out.norm"));
-    TRY(new_like(c, y, x));
+    TRY(out_like(c, y, x));
     TRY(c->be->modulate(c->be, y, &ln, &mod[0], &mod[1], c->e));
     TRY(REC(y, ST_IMG, REPL, "norm_out"));
 out:

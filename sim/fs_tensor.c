@@ -62,17 +62,27 @@ int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t 
     return fs_tensor_alloc(t, dt, 3, s, e);
 }
 
-int fs_tensor_alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+static int alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, int zero, fs_err *e)
 {
-    if (!be) return fs_tensor_alloc(t, dt, ndim, shape, e);
+    if (!be) return alloc_impl(t, dt, ndim, shape, zero, e);
     int rc = set_shape(t, dt, ndim, shape, e);
     if (rc) return rc;
     size_t n = fs_tensor_nbytes(t);
     if ((rc = be->alloc(be, n ? n : 1, &t->data, e))) return rc;
     t->be = be;
     t->owns = 1;
-    if ((rc = be->memset(be, t->data, 0, n, e))) fs_tensor_free(t);
+    if (zero && (rc = be->memset(be, t->data, 0, n, e))) fs_tensor_free(t);
     return rc;
+}
+
+int fs_tensor_alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    return alloc_on(t, be, dt, ndim, shape, 1, e);
+}
+
+int fs_tensor_alloc_on_uninit(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+{
+    return alloc_on(t, be, dt, ndim, shape, 0, e);
 }
 
 void fs_tensor_free(fs_tensor *t)

@@ -39,6 +39,10 @@ int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *
 int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t d2, fs_err *e);
 /* A zero-filled tensor in the memory of `be` (alloc + explicit memset); be NULL is the host. */
 int fs_tensor_alloc_on(fs_tensor *t, struct fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
+/* The same without the memset: for an op's output that the op writes in full (a GEMM with
+ * beta = 0, an element-wise op, a copy). Contents undefined until written. */
+int fs_tensor_alloc_on_uninit(fs_tensor *t, struct fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape,
+                              fs_err *e);
 /* Frees owned data through the backend that allocated it; clears views. Safe on either. */
 void fs_tensor_free(fs_tensor *t);
 
