@@ -364,6 +364,10 @@ static int cpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K
                     const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
     if (dt == FS_BF16) return gemm_bf16(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    if (dt == FS_F32 && bias) {
+        gemm_bias_first_f32(M, N, K, A, lda, W, ldw, bias, C, ldc);
+        return FS_OK;
+    }
     DISPATCH(gemm, dt, M, N, K, A, lda, W, ldw, bias, C, ldc);
 }
 static int cpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
