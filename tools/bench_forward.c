@@ -5,7 +5,17 @@
  * weights. Model FLOPs: every Linear 2·in·out per token (row), attention 4·S²·D per block.
  * The sgemm reference times cblas_sgemm alone on exactly the forward's Linear shapes
  * (M = rows, N = out, K = in) and its attention GEMM shapes, in the same process and run.
- * Prints medians over --reps runs (default 5) and the ratio; peak RSS from getrusage.
+ *
+ * CPU fp32 (docs/performance.md): --reps times (default 5) the sgemm pass, the forward and the
+ * forward again with block timestamps, alternated so that load from other processes falls on
+ * all three alike; medians, the ratio of the medians and the rep-by-rep ratios. --threads 1,2
+ * repeats that for each thread count (OpenBLAS and OpenMP, fs_backend_cpu_set_threads) with the
+ * same weights. The forward's peak RSS is VmHWM after a warm-up forward, read before the sgemm
+ * buffers are allocated. Per block: a recorder that only reads the clock and fs_model.on_block
+ * time one double and one single block; 19 and 38 of them plus the rest (embedders, head) are the
+ * full FLUX.1-dev depth at the same token count. --profile instead times one forward op by op
+ * through a wrapper around the CPU backend (GEMM and its bias pass apart). --bf16 adds the
+ * forward in bf16 emulation.
  *
  * --backend cuda|hip (a GPU build, docs/gpu.md) runs the same forward on the GPU, in fp32 or
  * --precision bf16: weights and inputs uploaded first, each timed forward ends with the
@@ -19,6 +29,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <omp.h>
 
 #include "fs_model.h"
 #include "fs_sampler.h"
@@ -46,6 +57,39 @@ static double median(double *v, int n)
 
 typedef struct shape { int64_t M, N, K, count; } shape;
 
+/* A field of /proc/self/status ("VmHWM:", "VmRSS:") in MiB; 0 when unreadable. */
+static double proc_status_mib(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double v = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, strlen(field))) v = atof(line + strlen(field)) / 1024.0;
+    if (f) fclose(f);
+    return v;
+}
+
+/* Block times of one forward: a recorder that only reads the clock, and fs_model.on_block. A
+ * double block runs from the last embedder output (pos_embed#1) to its on_block; the single
+ * blocks from their first output (norm.silu, after the concatenation) to the last on_block. */
+typedef struct blk_clock {
+    int nd, ns;
+    double t[1], t_dbl_start, t_dbl_end, t_sgl_start, t_sgl_end;
+} blk_clock;
+static int blk_rec(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    blk_clock *k = ctx;
+    if (!strcmp(name, "pos_embed#1")) k->t_dbl_start = now();
+    else if (!k->t_sgl_start && !strncmp(name, "single_transformer_blocks.0.", 28)) k->t_sgl_start = now();
+    return 0;
+}
+static void blk_done(void *ctx, int step, int done, int total)
+{
+    blk_clock *k = ctx;
+    if (done == k->nd) k->t_dbl_end = now();
+    if (done == total) k->t_sgl_end = now();
+}
+
 /* Datasheet peaks (TFLOP/s, dense: bf16 on tensor cores, fp32 without TF32), by device name.
  * NVIDIA H100/H200/A100 and AMD MI250X/MI210 product pages; the first match wins. */
 static const struct peak { const char *name; double bf16, fp32; } peaks[] = {
@@ -53,6 +97,106 @@ static const struct peak { const char *name; double bf16, fp32; } peaks[] = {
     {"H200", 989.4, 66.9},     {"A100", 312, 19.5},        {"MI250X", 383, 47.9},
     {"MI250", 362, 45.3},      {"MI210", 181, 22.6},
 };
+
+/* ---- --profile: one fp32 forward through a timing wrapper around the CPU backend's ops ---- */
+enum { P_ALLOC, P_FREE, P_MEMSET, P_COPY, P_GEMV, P_GEMM, P_CONVERT, P_ADD, P_ADDBIAS, P_AXPBY, P_SILU, P_GELU,
+       P_LN, P_RMS, P_MOD, P_GADD, P_ROPE, P_ATTN, P_NOPS };
+static const char *pnames[P_NOPS] = {"alloc", "free", "memset (zero-fill)", "copy2d", "gemm M=1 (embedders, AdaLN)",
+                                     "gemm M>1 (with its bias)", "convert", "add", "add_bias", "axpby", "silu",
+                                     "gelu_tanh", "layernorm", "rmsnorm", "modulate", "gated_add", "rope", "attention"};
+static double ptime[P_NOPS], pflop_gemm;
+static long pcount[P_NOPS];
+static fs_backend *preal;
+#define PT(op, call)                    \
+    do {                                \
+        double s_ = now();              \
+        int rc_ = (call);               \
+        ptime[op] += now() - s_;        \
+        pcount[op]++;                   \
+        return rc_;                     \
+    } while (0)
+static int p_alloc(fs_backend *b, size_t n, void **p, fs_err *e) { PT(P_ALLOC, preal->alloc(preal, n, p, e)); }
+static void p_free(fs_backend *b, void *p)
+{
+    double s = now();
+    preal->free(preal, p);
+    ptime[P_FREE] += now() - s;
+    pcount[P_FREE]++;
+}
+static int p_memset(fs_backend *b, void *p, int v, size_t n, fs_err *e) { PT(P_MEMSET, preal->memset(preal, p, v, n, e)); }
+static int p_copy(fs_backend *b, void *d, size_t dp, const void *s, size_t sp, size_t w, size_t r, fs_err *e)
+{
+    PT(P_COPY, preal->copy2d(preal, d, dp, s, sp, w, r, e));
+}
+static int p_gemm(fs_backend *b, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W,
+                  int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
+{
+    /* the backend's op as the forward calls it, its bias included */
+    double s = now();
+    int rc = preal->gemm(preal, dt, M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    ptime[M == 1 ? P_GEMV : P_GEMM] += now() - s;
+    pcount[M == 1 ? P_GEMV : P_GEMM]++;
+    if (M > 1) pflop_gemm += 2.0 * M * N * K;
+    return rc;
+}
+static int p_convert(fs_backend *b, fs_tensor *y, const fs_tensor *x, fs_err *e) { PT(P_CONVERT, preal->convert(preal, y, x, e)); }
+static int p_add(fs_backend *b, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e) { PT(P_ADD, preal->add(preal, y, x, z, e)); }
+static int p_add_bias(fs_backend *b, fs_tensor *y, const fs_tensor *x, fs_err *e) { PT(P_ADDBIAS, preal->add_bias(preal, y, x, e)); }
+static int p_axpby(fs_backend *b, fs_tensor *y, double a, const fs_tensor *x, double c, fs_err *e) { PT(P_AXPBY, preal->axpby(preal, y, a, x, c, e)); }
+static int p_silu(fs_backend *b, fs_tensor *y, const fs_tensor *x, fs_err *e) { PT(P_SILU, preal->silu(preal, y, x, e)); }
+static int p_gelu(fs_backend *b, fs_tensor *y, const fs_tensor *x, fs_err *e) { PT(P_GELU, preal->gelu_tanh(preal, y, x, e)); }
+static int p_ln(fs_backend *b, fs_tensor *y, const fs_tensor *x, double eps, fs_err *e) { PT(P_LN, preal->layernorm(preal, y, x, eps, e)); }
+static int p_rms(fs_backend *b, fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
+{
+    PT(P_RMS, preal->rmsnorm(preal, y, x, w, eps, e));
+}
+static int p_mod(fs_backend *b, fs_tensor *y, const fs_tensor *x, const fs_tensor *sc, const fs_tensor *sh, fs_err *e)
+{
+    PT(P_MOD, preal->modulate(preal, y, x, sc, sh, e));
+}
+static int p_gadd(fs_backend *b, fs_tensor *x, const fs_tensor *g, const fs_tensor *y, fs_err *e) { PT(P_GADD, preal->gated_add(preal, x, g, y, e)); }
+static int p_rope(fs_backend *b, fs_tensor *x, const fs_tensor *c, const fs_tensor *s, fs_err *e) { PT(P_ROPE, preal->rope(preal, x, c, s, e)); }
+static int p_attn(fs_backend *b, fs_tensor *o, fs_tensor *l, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, double sc, fs_err *e)
+{
+    PT(P_ATTN, preal->attention(preal, o, l, q, k, v, sc, e));
+}
+
+static int profile(fs_model *m, const fs_inputs *in, double ts, double g, fs_err *e)
+{
+    static fs_backend pb;
+    preal = m->be;
+    pb = *preal;
+    pb.alloc = p_alloc; pb.free = p_free; pb.memset = p_memset; pb.copy2d = p_copy; pb.gemm = p_gemm;
+    pb.convert = p_convert; pb.add = p_add; pb.add_bias = p_add_bias; pb.axpby = p_axpby; pb.silu = p_silu;
+    pb.gelu_tanh = p_gelu; pb.layernorm = p_ln; pb.rmsnorm = p_rms; pb.modulate = p_mod; pb.gated_add = p_gadd;
+    pb.rope = p_rope; pb.attention = p_attn;
+    fs_model pm = *m;
+    pm.be = &pb;
+    double total = 0;
+    for (int r = 0; r < 2; r++) { /* the first warms the heap up */
+        memset(ptime, 0, sizeof ptime);
+        memset(pcount, 0, sizeof pcount);
+        pflop_gemm = 0;
+        fs_tensor out;
+        double s = now();
+        if (fs_model_forward(&pm, &in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &ts, &g,
+                             &in->img_ids, &in->txt_ids, &out, e)) return 2;
+        total = now() - s;
+        fs_tensor_free(&out);
+    }
+    double acc = 0;
+    printf("profile of one fp32 forward (%.3f s), OpenBLAS %d threads, OpenMP %d threads:\n", total,
+           openblas_get_num_threads(), omp_get_max_threads());
+    for (int i = 0; i < P_NOPS; i++) {
+        if (!pcount[i]) continue;
+        acc += ptime[i];
+        printf("  %-30s %5ld calls %9.3f s  %5.1f %%%s\n", pnames[i], pcount[i], ptime[i], 100 * ptime[i] / total,
+               i == P_GEMM ? "" : "");
+        if (i == P_GEMM) printf("  %-30s %25.1f GFLOP/s\n", "", pflop_gemm / ptime[i] * 1e-9);
+    }
+    printf("  %-30s %20.3f s  %5.1f %%\n", "outside backend ops", total - acc, 100 * (total - acc) / total);
+    return 0;
+}
 
 /* The GPU run: the forward on `be` in dt, the backend's gemm on the same shapes. */
 static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const fs_weights *w, const fs_inputs *in,
@@ -147,7 +291,7 @@ static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const 
 
 int main(int argc, char **argv)
 {
-    int reps = 5, bf16 = 0;
+    int reps = 5, bf16 = 0, prof = 0, threads[8] = {0}, nthreads = 0;
     int img_h = 32, img_w = 32, txt = 512;
     const char *backend = "cpu";
     fs_dtype dt = FS_F32;
@@ -155,14 +299,20 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--small")) { img_h = 8; img_w = 8; txt = 64; }
+        else if (!strcmp(argv[i], "--profile")) prof = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { /* e.g. 1,2: each in turn, same weights */
+            nthreads = 0; /* the last --threads wins */
+            for (char *tok = strtok(argv[++i], ","); tok && nthreads < 8; tok = strtok(NULL, ","))
+                if ((threads[nthreads++] = atoi(tok)) < 1) { fprintf(stderr, "bench_forward: --threads: %s\n", tok); return 2; }
+        }
         else if (!strcmp(argv[i], "--bf16")) bf16 = 1; /* the cpu fp32 forward and the bf16 one, same run */
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
             dt = !strcmp(argv[++i], "bf16") ? FS_BF16 : FS_F32;
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16] [--backend NAME] [--precision fp32|bf16] "
-                            "[--peak-tflops T]\n");
+            fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16] [--threads N[,N...]] [--profile] "
+                            "[--backend NAME] [--precision fp32|bf16] [--peak-tflops T]\n");
             return 2;
         }
     }
@@ -214,78 +364,143 @@ int main(int argc, char **argv)
         return rc ? 2 : 0;
     }
 
-    /* sgemm reference on the same shapes, attention's QKᵀ and PV per head included */
-    float *A = calloc((size_t)(S * (D + F)), sizeof(float)), *B = calloc((size_t)(F * (D + F)), sizeof(float)),
-          *C = calloc((size_t)(S * (D + F)), sizeof(float));
-    for (int64_t i = 0; i < S * (D + F); i++) A[i] = (float)((i % 13) - 6) * 0.01f;
-    for (int64_t i = 0; i < F * (D + F); i++) B[i] = (float)((i % 7) - 3) * 0.01f;
-    double *t_gemm = malloc(sizeof(double) * (size_t)reps), *t_fwd = malloc(sizeof(double) * (size_t)reps);
-    for (int r = 0; r < reps; r++) {
-        double s = now();
-        for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
-            for (int k = 0; k < lin[i].count; k++)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)lin[i].M, (int)lin[i].N, (int)lin[i].K, 1.0f, A,
-                            (int)lin[i].K, B, (int)lin[i].K, 0.0f, C, (int)lin[i].N);
-        for (int blk = 0; blk < 2; blk++)
-            for (int h = 0; h < 24; h++) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, 128, 1.0f, A, (int)D, B, (int)D, 0.0f,
-                            C, (int)S);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, 128, (int)S, 1.0f, C, (int)S, B, (int)D,
-                            0.0f, A, (int)D);
-            }
-        t_gemm[r] = now() - s;
+    if (prof) {
+        fs_model pm = {.cfg = c, .dtype = FS_F32, .w = &w, .be = fs_backend_cpu()};
+        for (int ti = 0; ti < (nthreads ? nthreads : 1); ti++) {
+            if (nthreads) fs_backend_cpu_set_threads(threads[ti]);
+            if (profile(&pm, &in, ((double *)in.timesteps.data)[0], 3.5, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+        }
+        return 0;
     }
-
+    const int nth = nthreads ? nthreads : 1;
+    if (!nthreads) threads[0] = 0; /* as the environment says */
+    const int ndbl = c.num_layers, nsgl = c.num_single_layers;
+    /* full depth: FLUX.1-dev's 19 double and 38 single blocks */
+    fs_config full;
+    fs_config_preset(&full, "flux-dev", &e);
+    const double ts = ((double *)in.timesteps.data)[0], g = 3.5;
     fs_model m = {.cfg = c, .dtype = FS_F32, .w = &w, .be = fs_backend_cpu()};
-    double ts = ((double *)in.timesteps.data)[0], g = 3.5;
-    for (int r = 0; r < reps; r++) {
-        fs_tensor out;
-        double s = now();
-        if (fs_model_forward(&m, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
-                             &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
-        t_fwd[r] = now() - s;
-        fs_tensor_free(&out);
-    }
-    double mg = median(t_gemm, reps), mf = median(t_fwd, reps);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    printf("bench_forward: FLUX.1-dev width, 1 double + 1 single block, %lld image + %lld text tokens, fp32, "
-           "OpenBLAS %d threads, %d reps (medians)\n",
-           (long long)S_img, (long long)S_txt, openblas_get_num_threads(), reps);
+    float *A = NULL, *B = NULL, *C = NULL;
+    double *t_gemm = malloc(sizeof(double) * (size_t)reps), *t_fwd = malloc(sizeof(double) * (size_t)reps),
+           *t_b = malloc(sizeof(double) * (size_t)reps), *t_p[4];
+    for (int k = 0; k < 4; k++) t_p[k] = malloc(sizeof(double) * (size_t)reps);
+    fs_weights wb = {0};
+    fs_inputs ib = {0};
+    const double rss0 = proc_status_mib("VmRSS:");
+    double fwd_hwm = 0;
+    printf("bench_forward: FLUX.1-dev width, %d double + %d single block, %lld image + %lld text tokens, fp32, %d reps, "
+           "sgemm and forward alternated (medians)\n",
+           ndbl, nsgl, (long long)S_img, (long long)S_txt, reps);
     printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
            lin_flops * 1e-9, attn_flops * 1e-9);
-    printf("  sgemm on the same shapes     %10.3f s  %8.1f GFLOP/s\n", mg, model_flops / mg * 1e-9);
-    printf("  flux-sim forward             %10.3f s  %8.1f GFLOP/s\n", mf, model_flops / mf * 1e-9);
-    printf("  forward / sgemm              %10.1f %%   (target >= 70 %%)\n", 100.0 * mg / mf);
-    printf("  peak RSS                     %10.1f MiB  (weights %.1f MiB fp32, generated in %.1f s)\n",
-           ru.ru_maxrss / 1024.0, wbytes / 1048576.0, t_w);
-    if (bf16) {
-        /* the same forward in bf16 emulation (--precision bf16), same shapes, same run */
-        fs_weights wb;
-        fs_inputs ib;
-        gp.seed = 0;
-        if (fs_weights_synthetic(&wb, &c, FS_BF16, 0, &e) || fs_inputs_generate(&ib, &c, FS_BF16, &gp, &e)) {
-            fprintf(stderr, "%s\n", e.msg);
-            return 2;
+    printf("  weights                      %10.1f MiB fp32, generated in %.1f s; RSS before the first forward %.1f MiB\n",
+           wbytes / 1048576.0, t_w, rss0);
+    fflush(stdout);
+    for (int ti = 0; ti < nth; ti++) {
+        if (threads[ti] > 0) fs_backend_cpu_set_threads(threads[ti]);
+        /* a warm-up forward (heap, BLAS buffers, page faults); the first one, before the sgemm
+         * buffers exist, gives the forward's peak RSS */
+        fs_tensor out;
+        if (fs_model_forward(&m, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
+                             &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+        fs_tensor_free(&out);
+        if (!A) {
+            fwd_hwm = proc_status_mib("VmHWM:");
+            printf("  forward peak RSS             %10.1f MiB  (weights and inputs %.1f + the forward's own %.1f; VmHWM "
+                   "before the sgemm buffers exist)\n",
+                   fwd_hwm, rss0, fwd_hwm - rss0);
+            /* sgemm reference on the same shapes, attention's QKᵀ and PV per head included */
+            A = calloc((size_t)(S * (D + F)), sizeof(float));
+            B = calloc((size_t)(F * (D + F)), sizeof(float));
+            C = calloc((size_t)(S * (D + F)), sizeof(float));
+            for (int64_t i = 0; i < S * (D + F); i++) A[i] = (float)((i % 13) - 6) * 0.01f;
+            for (int64_t i = 0; i < F * (D + F); i++) B[i] = (float)((i % 7) - 3) * 0.01f;
         }
-        fs_model mb = {.cfg = c, .dtype = FS_BF16, .w = &wb, .be = fs_backend_cpu()};
-        double *t_b = malloc(sizeof(double) * (size_t)reps);
         for (int r = 0; r < reps; r++) {
-            fs_tensor out;
-            double s0 = now();
-            if (fs_model_forward(&mb, &ib.hidden_states, &ib.encoder_hidden_states, &ib.pooled_projections, &ts, &g,
-                                 &ib.img_ids, &ib.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
-            t_b[r] = now() - s0;
+            /* sgemm, the forward, the forward with block timestamps: alternated, so that load from
+             * other processes falls on all three alike */
+            double s = now();
+            for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+                for (int k = 0; k < lin[i].count; k++)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)lin[i].M, (int)lin[i].N, (int)lin[i].K,
+                                1.0f, A, (int)lin[i].K, B, (int)lin[i].K, 0.0f, C, (int)lin[i].N);
+            for (int blk = 0; blk < 2; blk++)
+                for (int h = 0; h < 24; h++) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, 128, 1.0f, A, (int)D, B, (int)D,
+                                0.0f, C, (int)S);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, 128, (int)S, 1.0f, C, (int)S, B,
+                                (int)D, 0.0f, A, (int)D);
+                }
+            t_gemm[r] = now() - s;
+
+            s = now();
+            if (fs_model_forward(&m, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
+                                 &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+            t_fwd[r] = now() - s;
             fs_tensor_free(&out);
+
+            /* per block: a recorder that only takes the time at module outputs, and on_block */
+            blk_clock k = {.nd = ndbl, .ns = nsgl};
+            fs_model mb = m;
+            mb.rec = (fs_recorder){.fn = blk_rec, .ctx = &k};
+            mb.on_block = blk_done;
+            mb.on_block_ctx = &k;
+            k.t[0] = now();
+            if (fs_model_forward(&mb, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
+                                 &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+            const double t_end = now();
+            fs_tensor_free(&out);
+            t_p[0][r] = (k.t_dbl_end - k.t_dbl_start) / ndbl;          /* per double block */
+            t_p[1][r] = (k.t_sgl_end - k.t_sgl_start) / nsgl;          /* per single block */
+            t_p[2][r] = (t_end - k.t[0]) - (k.t_dbl_end - k.t_dbl_start) - (k.t_sgl_end - k.t_sgl_start); /* the rest */
+            t_p[3][r] = t_p[2][r] + full.num_layers * t_p[0][r] + full.num_single_layers * t_p[1][r];
         }
-        double mb_t = median(t_b, reps);
-        printf("  flux-sim forward, bf16       %10.3f s  %8.1f GFLOP/s  (%.2fx the fp32 forward's time)\n", mb_t,
-               model_flops / mb_t * 1e-9, mb_t / mf);
-        free(t_b);
-        fs_inputs_free(&ib);
-        fs_weights_free(&wb);
+        double *ratio = malloc(sizeof(double) * (size_t)reps);
+        for (int r = 0; r < reps; r++) ratio[r] = 100.0 * t_gemm[r] / t_fwd[r]; /* paired: the same rep */
+        const double mg = median(t_gemm, reps), mf = median(t_fwd, reps);
+        printf("  -- OpenBLAS %d threads, OpenMP %d threads\n", openblas_get_num_threads(), omp_get_max_threads());
+        printf("  sgemm on the same shapes     %10.3f s  %8.1f GFLOP/s\n", mg, model_flops / mg * 1e-9);
+        printf("  flux-sim forward             %10.3f s  %8.1f GFLOP/s\n", mf, model_flops / mf * 1e-9);
+        printf("  forward / sgemm              %10.1f %%   (target >= 90 %%); rep by rep:", 100.0 * mg / mf);
+        for (int r = 0; r < reps; r++) printf(" %.1f", ratio[r]);
+        printf(" (median %.1f %%)\n", median(ratio, reps));
+        free(ratio);
+        const double pd = median(t_p[0], reps), ps = median(t_p[1], reps), pr = median(t_p[2], reps),
+                     pf = median(t_p[3], reps);
+        printf("  per block, %lld tokens        %10.3f s double, %.3f s single; embedders, concat and head %.3f s\n",
+               (long long)S, pd, ps, pr);
+        printf("  full depth (%d + %d blocks)   %10.1f s per forward, estimated (rest + %d x double + %d x single)\n",
+               full.num_layers, full.num_single_layers, pf, full.num_layers, full.num_single_layers);
+        if (bf16) {
+            /* the same forward in bf16 emulation (--precision bf16), same shapes, same run */
+            if (!wb.n) {
+                gp.seed = 0;
+                if (fs_weights_synthetic(&wb, &c, FS_BF16, 0, &e) || fs_inputs_generate(&ib, &c, FS_BF16, &gp, &e)) {
+                    fprintf(stderr, "%s\n", e.msg);
+                    return 2;
+                }
+            }
+            fs_model mb = {.cfg = c, .dtype = FS_BF16, .w = &wb, .be = fs_backend_cpu()};
+            for (int r = 0; r < reps; r++) {
+                double s0 = now();
+                if (fs_model_forward(&mb, &ib.hidden_states, &ib.encoder_hidden_states, &ib.pooled_projections, &ts, &g,
+                                     &ib.img_ids, &ib.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+                t_b[r] = now() - s0;
+                fs_tensor_free(&out);
+            }
+            const double mb_t = median(t_b, reps);
+            printf("  flux-sim forward, bf16       %10.3f s  %8.1f GFLOP/s  (%.2fx the fp32 forward's time)\n", mb_t,
+                   model_flops / mb_t * 1e-9, mb_t / mf);
+        }
+        fflush(stdout);
     }
-    free(A); free(B); free(C); free(t_gemm); free(t_fwd);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("  process peak RSS             %10.1f MiB  (with the sgemm buffers%s)\n", ru.ru_maxrss / 1024.0,
+           bf16 ? " and the bf16 weights" : "");
+    free(A); free(B); free(C); free(t_gemm); free(t_fwd); free(t_b);
+    for (int k = 0; k < 4; k++) free(t_p[k]);
+    if (wb.n) { fs_inputs_free(&ib); fs_weights_free(&wb); }
     fs_inputs_free(&in);
     fs_weights_free(&w);
     return 0;

@@ -2,8 +2,10 @@
 # make bench: benchmarks, not tests. Figures go to docs/performance.md by hand, with this command.
 set -eu
 cd "$(dirname "$0")/.."
-echo "== bench_forward (OpenBLAS threads: ${OPENBLAS_NUM_THREADS:-default}) =="
-build/bench_forward --bf16 "$@"
+# 1 and 2 threads in one process (the same weights): OpenBLAS and OpenMP set together
+# (fs_backend_cpu_set_threads); BENCH_THREADS overrides the list, e.g. BENCH_THREADS=2.
+echo "== bench_forward: fp32 forward vs sgemm, threads ${BENCH_THREADS:-1,2} =="
+build/bench_forward --reps 3 --threads "${BENCH_THREADS:-1,2}" --bf16 "$@"
 echo
 echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
 tools/bench_backends.sh 3
