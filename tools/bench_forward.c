@@ -74,7 +74,7 @@ static double proc_status_mib(const char *field)
  * blocks from their first output (norm.silu, after the concatenation) to the last on_block. */
 typedef struct blk_clock {
     int nd, ns;
-    double t[1], t_dbl_start, t_dbl_end, t_sgl_start, t_sgl_end;
+    double t_start, t_dbl_start, t_dbl_end, t_sgl_start, t_sgl_end;
 } blk_clock;
 static int blk_rec(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
 {
@@ -445,14 +445,14 @@ int main(int argc, char **argv)
             mb.rec = (fs_recorder){.fn = blk_rec, .ctx = &k};
             mb.on_block = blk_done;
             mb.on_block_ctx = &k;
-            k.t[0] = now();
+            k.t_start = now();
             if (fs_model_forward(&mb, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
                                  &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
             const double t_end = now();
             fs_tensor_free(&out);
             t_p[0][r] = (k.t_dbl_end - k.t_dbl_start) / ndbl;          /* per double block */
             t_p[1][r] = (k.t_sgl_end - k.t_sgl_start) / nsgl;          /* per single block */
-            t_p[2][r] = (t_end - k.t[0]) - (k.t_dbl_end - k.t_dbl_start) - (k.t_sgl_end - k.t_sgl_start); /* the rest */
+            t_p[2][r] = (t_end - k.t_start) - (k.t_dbl_end - k.t_dbl_start) - (k.t_sgl_end - k.t_sgl_start); /* the rest */
             t_p[3][r] = t_p[2][r] + full.num_layers * t_p[0][r] + full.num_single_layers * t_p[1][r];
         }
         double *ratio = malloc(sizeof(double) * (size_t)reps);
