@@ -7,6 +7,14 @@ cd "$(dirname "$0")/.."
 echo "== bench_forward: fp32 forward vs sgemm, threads ${BENCH_THREADS:-1,2} =="
 build/bench_forward --reps 3 --threads "${BENCH_THREADS:-1,2}" --bf16 "$@"
 echo
+# issue 13's peer: the same forward in PyTorch (tools/bench_torch_peer.py), 1 thread, alternated
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "== bench-peer: flux-sim vs the PyTorch peer, fp32 forward, 1 thread =="
+  tools/bench-peer.sh 1 --native-kernels
+else
+  echo "== bench-peer: skipped (no python3-torch; tools/install-deps.sh installs it) =="
+fi
+echo
 echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
 tools/bench_backends.sh 3
 echo
