@@ -2,6 +2,7 @@
  * (AVX2, x86-64 only), and the run-time choice between them. */
 #include "fs_vmath.h"
 
+#include <math.h>
 #include <string.h>
 
 #define FS_VW 4
@@ -51,3 +52,13 @@ float fs_vmath_expsum(float *x, int64_t n, float mx) { return PICK(expsum, x, n,
 void fs_vmath_gelu_tanh(float *o, const float *a, int64_t n) { PICK(gelu_tanh, o, a, n); }
 void fs_vmath_exp(float *y, const float *x, int64_t n) { PICK(exp_array, y, x, n); }
 void fs_vmath_tanh(float *y, const float *x, int64_t n) { PICK(tanh_array, y, x, n); }
+
+double fs_vmath_ulp_err(float got, double exact)
+{
+    const float f = (float)exact;
+    int ex;
+    frexpf(fabsf(f), &ex);
+    double u = f == 0 ? ldexp(1, -149) : ldexp(1, ex - 24);
+    if (u < ldexp(1, -149)) u = ldexp(1, -149);
+    return fabs((double)got - exact) / u;
+}

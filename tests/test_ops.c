@@ -47,17 +47,6 @@ static void test_gelu_tanh(void **s)
 
 /* ---- float32 vector exp / tanh (fs_vmath.h) ---- */
 
-/* |got - exact| in units of the ulp of the float nearest the exact value */
-static double ulp_err(float got, double exact)
-{
-    const float f = (float)exact;
-    int ex;
-    frexpf(fabsf(f), &ex);
-    double u = f == 0 ? ldexp(1, -149) : ldexp(1, ex - 24);
-    if (u < ldexp(1, -149)) u = ldexp(1, -149);
-    return fabs((double)got - exact) / u;
-}
-
 /* The widths this machine runs: 4, and 8 where it has AVX2. */
 static int vmath_widths(int *w)
 {
@@ -91,7 +80,7 @@ static void test_vmath_accuracy(void **s)
             }
             fs_vmath_force_width(0);
             for (int64_t i = 0; i < n; i++) {
-                const double e = ulp_err(y[0][i], fn ? tanh((double)x[i]) : exp((double)x[i]));
+                const double e = fs_vmath_ulp_err(y[0][i], fn ? tanh((double)x[i]) : exp((double)x[i]));
                 if (e > worst[fn]) worst[fn] = e;
                 if (nw > 1 && memcmp(&y[0][i], &y[1][i], 4))
                     fail_msg("%s(%.9g): width 4 gives %.9g, width 8 %.9g", fn ? "tanh" : "exp", x[i], y[0][i], y[1][i]);
@@ -136,7 +125,7 @@ static void test_vmath_softmax_rows(void **s)
             double ds = 0;
             for (int i = 0; i < n; i++) { /* x - mx rounds in float first, as in the kernel */
                 ds += exp((double)(x[i] - mx));
-                if (ulp_err(r[k][i], exp((double)(x[i] - mx))) >= 1.0) fail_msg("n=%d: exp at %d", n, i);
+                if (fs_vmath_ulp_err(r[k][i], exp((double)(x[i] - mx))) >= 1.0) fail_msg("n=%d: exp at %d", n, i);
             }
             for (int i = n; i < n + 8; i++) assert_true(r[k][i] == 12345.0f);
             float d[1536], ed[1536]; /* the softmax's exp (x <= 0 only) is fs_vmath_exp, bit for bit */

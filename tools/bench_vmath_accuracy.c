@@ -18,16 +18,6 @@
 
 #include "fs_vmath.h"
 
-static double ulp_err(float got, double exact)
-{
-    const float f = (float)exact;
-    int ex;
-    frexpf(fabsf(f), &ex);
-    double u = f == 0 ? ldexp(1, -149) : ldexp(1, ex - 24);
-    if (u < ldexp(1, -149)) u = ldexp(1, -149);
-    return fabs((double)got - exact) / u;
-}
-
 int main(int argc, char **argv)
 {
     uint64_t stride = 1;
@@ -74,10 +64,10 @@ int main(int argc, char **argv)
                         memcpy(&bits, &y[i], 4);
                         h = (h ^ bits) * 1099511628211ull;
                         const double ex = fn ? tanh((double)x[i]) : exp((double)x[i]);
-                        const double e = ulp_err(y[i], ex);
+                        const double e = fs_vmath_ulp_err(y[i], ex);
                         if (e > tw) { tw = e; ta = x[i]; }
                         if (k == 0) {
-                            const double el = ulp_err(fn ? tanhf(x[i]) : expf(x[i]), ex);
+                            const double el = fs_vmath_ulp_err(fn ? tanhf(x[i]) : expf(x[i]), ex);
                             if (el > twl) { twl = el; tal = x[i]; }
                         }
                     }
