@@ -117,6 +117,8 @@ static uint64_t dump_step_elems(const fs_config *c, uint64_t B, uint64_t Si, uin
     return n;
 }
 
+static int check_phases(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
+
 int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
 {
     memset(out, 0, sizeof *out);
@@ -261,6 +263,41 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     out->rank_bytes = add(add(add(r->baseline_bytes, add(out->weight_bytes, out->staging_bytes)),
                               add(out->input_bytes, out->bf16_scratch_bytes)),
                           add(out->act_peak_bytes, add(out->check_ref_bytes, out->gather_bytes)));
+    if (r->check_in_job) return check_phases(r, out, e);
+    return FS_OK;
+}
+
+/* An in-job --check runs on rank 0, before its share of the parallel run, the single-rank
+ * reference (main_flux_sim.c step 5: every token, the whole width, its weights streamed as the
+ * run's are) and, in bf16, the matched float64 truth of the same problem (record_matched_truth:
+ * float64 weights, inputs and activations). Each is a run of its own, estimated as one; what rank
+ * 0 keeps grows through them: the reference (check_ref, in the run dtype) from the first on, the
+ * truth (float64, the same tensors) from the second. Its peak is the largest phase:
+ *   reference   ref.rank_bytes   + check_ref
+ *   truth       truth.rank_bytes + check_ref + truth_ref
+ *   parallel    rank_bytes (check_ref and gather included) + truth_ref
+ * (Before 2026-11-24 only the last was counted: a bf16 --check of FLUX.1-dev was estimated at
+ * 1.2 GiB on rank 0, whose float64 truth holds a 2.5 GiB double block.) */
+static int check_phases(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
+{
+    fs_estimate_req s = *r;
+    s.tp = s.ulysses = s.ring = 1;
+    s.full_weights = 1;
+    s.check = s.check_in_job = s.recording = 0;
+    s.stream = out->streamed; /* fs_weights decides once for the job */
+    fs_estimate ref, truth;
+    int rc = fs_estimate_compute(&s, &ref, e);
+    if (rc) return rc;
+    uint64_t run = ref.rank_bytes, truth_ref = 0;
+    if (r->dtype_size == 2) {
+        s.dtype_size = 8;
+        if ((rc = fs_estimate_compute(&s, &truth, e))) return rc;
+        truth_ref = out->check_ref_bytes / 2 * 8; /* the same elements in float64 */
+        run = max2(run, add(truth.rank_bytes, truth_ref));
+    }
+    out->truth_ref_bytes = truth_ref;
+    out->check_run_bytes = run;
+    out->rank_bytes = max2(add(run, out->check_ref_bytes), add(out->rank_bytes, truth_ref));
     return FS_OK;
 }
 

@@ -113,7 +113,12 @@ typedef struct fs_estimate {
     uint64_t gather_bytes;        /* rank 0 assembling one global tensor (parallel recording) */
     uint64_t dump_step_bytes;     /* datasets of one step of a full dump */
     uint64_t dump_bytes;          /* the whole dump: every step + /inputs + /final */
-    uint64_t rank_bytes;          /* the busiest rank: baseline + weights + staging + inputs + act_peak + check_ref + gather */
+    uint64_t truth_ref_bytes;     /* bf16 in-job --check: the matched float64 truth rank 0 keeps */
+    uint64_t check_run_bytes;     /* in-job --check: the larger of rank 0's single-rank runs before the
+                                     parallel one (the reference in the run dtype, every token and
+                                     the whole width; bf16: the matched float64 truth), each alone */
+    uint64_t rank_bytes;          /* the busiest rank: baseline + weights + staging + inputs + act_peak + check_ref + gather;
+                                     in-job --check, rank 0: the largest of its phases (see fs_estimate.c) */
     int streamed;                 /* the weights are streamed (r->stream, auto resolved) */
     uint64_t weight_resident_bytes; /* every parameter of this rank's shard held at once (--stream off) */
     uint64_t block_weight_bytes;  /* the largest block's shard: what streaming holds beyond the embedders */

@@ -146,6 +146,10 @@ static int make_param(fs_weights *w, int i, fs_err *e)
     if (made.dtype != w->dtype) { /* --match bf16: bf16 values, exactly, in the run dtype */
         rc = fs_tensor_alloc(t, w->dtype, made.ndim, made.shape, e);
         if (!rc) rc = fs_tensor_copy(t, &made, e);
+        /* made can be a view into a BF16 checkpoint: its pages are not needed once copied, and
+         * the copy owns its data, so fs_weights_release would never drop them (a bf16 --check of
+         * FLUX.1-dev grew by every block's 0.63 GiB during its float64 truth) */
+        if (w->load && !made.owns) fs_wload_drop(w->load, i);
         fs_tensor_free(&made);
         if (rc) fs_tensor_free(t);
         return rc;

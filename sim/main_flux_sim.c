@@ -662,6 +662,11 @@ static int estimate_main(const opts *o, fs_err *e)
                                                      : "holds every weight",
                BY(12, e0.rank_bytes));
     if (e0.check_ref_bytes) printf("      of which the --check reference  %10s\n", BY(13, e0.check_ref_bytes));
+    if (e0.truth_ref_bytes) printf("      and the float64 truth it keeps  %10s\n", BY(13, e0.truth_ref_bytes));
+    if (e0.check_run_bytes) /* fs_estimate.c check_phases */
+        printf("      %-32s%10s (%s, before the parallel run)\n",
+               e0.truth_ref_bytes ? "its single-rank runs alone" : "its single-rank run alone", BY(13, e0.check_run_bytes),
+               e0.truth_ref_bytes ? "the reference, then the matched float64 truth" : "the reference");
     const uint64_t here = e0.rank_bytes + (uint64_t)(n - 1) * e1.rank_bytes, mem = fs_estimate_mem_limit(what, sizeof what);
     printf("  fits here: %s (%d rank%s on this machine need %s; %s %s)\n", !mem || here <= mem ? "yes" : "NO", n,
            n > 1 ? "s" : "", BY(14, here), what, mem ? BY(15, mem) : "unknown");

@@ -44,6 +44,31 @@ else
   done
 fi
 
+# 1b. rank 0 of a bf16 in-job --check from a BF16 checkpoint, streamed: it runs the single-rank
+# reference, then the matched float64 truth (float64 weights made from views into the
+# checkpoint), then its TP shard. Both were wrong before 2026-11-24: the estimate counted only the
+# parallel phase (403 MiB here once all three are counted), and the truth kept every block's
+# checkpoint pages mapped (718 MiB measured, growing with depth: 0.63 GiB per FLUX.1-dev block).
+if [ -z "${FLUX_SANITIZE:-}" ]; then
+  cat >"$T/cfg.json" <<'JSON'
+{"_class_name": "FluxTransformer2DModel", "num_layers": 2, "num_single_layers": 6, "attention_head_dim": 128,
+ "num_attention_heads": 8, "joint_attention_dim": 1024, "pooled_projection_dim": 256, "in_channels": 64,
+ "guidance_embeds": true, "axes_dims_rope": [16, 56, 56]}
+JSON
+  if "$B/make-checkpoint" --config "$T/cfg.json" "$T/ck" >"$T/mk" 2>&1; then
+    args="--weights $T/ck --precision bf16 --tp 2 --check --stream on --grid 8x8 --txt-len 16 --steps 1 --dump-modules proj_out"
+    mpirun -np 2 "$SIM" --estimate $args </dev/null >"$T/est" 2>&1
+    e0=$(to_mib $(awk '/^    rank 0 \(/ {print $(NF-1), $NF}' "$T/est")); e1=$(to_mib $(awk '/^    total/ {print $2, $3}' "$T/est"))
+    mpirun -np 2 /usr/bin/time -f "RSS %M" "$SIM" -q $args </dev/null >"$T/out" 2>&1
+    # the bigger RSS is rank 0's (it holds the whole model)
+    read -r m1 m0 < <(awk '/^RSS/ {print $2 / 1024}' "$T/out" | sort -g | tr '\n' ' ')
+    if [ -n "${m0:-}" ] && awk -v e0="$e0" -v m0="$m0" -v e1="$e1" -v m1="$m1" \
+         'BEGIN { d0 = (e0 - m0) / m0; d1 = (e1 - m1) / m1; exit !(d0 <= 0.10 && d0 >= -0.10 && d1 <= 0.10 && d1 >= -0.10) }'; then
+      ok "bf16 --tp 2 --check from a BF16 checkpoint: rank 0 estimate $e0 MiB vs $m0 MiB, rank 1 $e1 vs $m1 MiB (within 10%)"
+    else bad "bf16 --tp 2 --check from a BF16 checkpoint: rank 0 estimate ${e0:-?} MiB vs ${m0:-?} MiB, rank 1 ${e1:-?} vs ${m1:-?}"; tail -3 "$T/out"; fi
+  else bad "make-checkpoint of the bf16 --check case"; tail -3 "$T/mk"; fi
+fi
+
 # 2. collectives: --estimate's per-step figures x 2 steps == --comm-stats on rank 0
 for L in "2|--tp 2" "2|--ulysses 2" "2|--ring 2" "2|--ring 2 --ring-rotate p2p" "4|--ulysses 2 --ring 2" "4|--tp 2 --ring 2 --ring-rotate p2p"; do
   np=${L%%|*}; args=${L#*|}
