@@ -14,7 +14,8 @@
  *   two bf16 runs apart: rel L2 at most 8.7e-3, max rel at most 2.0e-2 → rtol 3e-2, mtol 6e-2
  *   (3.4x and 3x margin);
  *   against the matched float64 truth, a correct run's error over flux-sim's own: rel L2 ratio at
- *   most 1.19, max rel ratio at most 1.72 → m_rel 2, m_max 3 (1.7x margin each); the floors
+ *   most 1.19, max rel ratio at most 1.72 → m_rel 2, m_max 3 (1.7x margin each; a layout outside
+ *   that set, tiny --tp 4 --allreduce-order ring under --check, later reached 1.245: 1.6x); the floors
  *   rtol/10 and mtol/10 cover datasets the baseline gets exactly right (the inputs, float32
  *   tables). */
 #define BF16_TOL ((fo_tolerance){.rtol = 3e-2, .atol = 1e-3, .mtol = 6e-2, .m_rel = 2, .m_max = 3})
