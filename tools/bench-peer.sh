@@ -5,9 +5,8 @@
 # 1 thread. The machine is shared and its load drifts, so the two alternate K times (default 3),
 # one fresh process each per round, and the ratio torch/flux-sim (> 1: flux-sim faster) is given
 # of the medians and round by round. Each side runs one warm-up and REPS (default 3) timed
-# forwards per round and reports its median: bench_forward's first timed forward is often 10 %
-# slower than the rest (its sgemm buffers have just been allocated), so one rep would compare a
-# cold flux-sim with a warm peer. A bench_forward round also runs the sgemm pass and a
+# forwards per round and reports its median (a single timed forward is at the mercy of the load;
+# before bench_forward got its second warm-up, its first timed forward was also 10 % slow). A bench_forward round also runs the sgemm pass and a
 # block-timed forward per rep; only its plain forward counts. PEER_FLAGs go to the peer, e.g. --native-kernels (OpenBLAS's own kernel choice, as
 # flux-sim gets; see bench_torch_peer.py --help). `make` first; BENCH_FORWARD names another binary,
 # REPS the timed forwards per round and side.

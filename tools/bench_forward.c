@@ -415,6 +415,12 @@ int main(int argc, char **argv)
             C = calloc((size_t)(S * (D + F)), sizeof(float));
             for (int64_t i = 0; i < S * (D + F); i++) A[i] = (float)((i % 13) - 6) * 0.01f;
             for (int64_t i = 0; i < F * (D + F); i++) B[i] = (float)((i % 7) - 3) * 0.01f;
+            /* a second warm-up, now that the buffers (0.94 GB) sit where the heap had the
+             * forward's freed activations: without it the first timed forward faults in fresh
+             * pages and ran 10-25 % slower than the others (docs/performance.md) */
+            if (fs_model_forward(&m, &in.hidden_states, &in.encoder_hidden_states, &in.pooled_projections, &ts, &g,
+                                 &in.img_ids, &in.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+            fs_tensor_free(&out);
         }
         for (int r = 0; r < reps; r++) {
             /* sgemm, the forward, the forward with block timestamps: alternated, so that load from
