@@ -127,6 +127,15 @@ static int is_block_param(const char *name)
 
 /* Makes parameter i: this rank's piece, from the checkpoint or the generator, in make_dtype, then
  * converted to the run dtype if they differ. */
+/* Frees a made parameter t (w->t[i], or one being converted). A view into the checkpoint also
+ * gives back its file pages (fs_wload_drop): mapped, they count in our resident set until the
+ * kernel reclaims them, and the next read of that parameter faults them in again, identical. */
+static void free_param(const fs_weights *w, int i, fs_tensor *t)
+{
+    if (w->load && t->data && !t->owns) fs_wload_drop(w->load, i);
+    fs_tensor_free(t);
+}
+
 static int make_param(fs_weights *w, int i, fs_err *e)
 {
     const fs_param_desc *d = &w->desc[i];
@@ -146,11 +155,9 @@ static int make_param(fs_weights *w, int i, fs_err *e)
     if (made.dtype != w->dtype) { /* --match bf16: bf16 values, exactly, in the run dtype */
         rc = fs_tensor_alloc(t, w->dtype, made.ndim, made.shape, e);
         if (!rc) rc = fs_tensor_copy(t, &made, e);
-        /* made can be a view into a BF16 checkpoint: its pages are not needed once copied, and
-         * the copy owns its data, so fs_weights_release would never drop them (a bf16 --check of
-         * FLUX.1-dev grew by every block's 0.63 GiB during its float64 truth) */
-        if (w->load && !made.owns) fs_wload_drop(w->load, i);
-        fs_tensor_free(&made);
+        /* made can be a view into a BF16 checkpoint, not needed once copied (without the drop, a
+         * bf16 --check of FLUX.1-dev grew by every block's 0.63 GiB during its float64 truth) */
+        free_param(w, i, &made);
         if (rc) fs_tensor_free(t);
         return rc;
     }
@@ -225,14 +232,13 @@ void fs_weights_release(fs_weights *w, const char *prefix)
     const size_t n = strlen(prefix);
     for (int i = 0; i < w->n; i++)
         if (!strncmp(w->desc[i].name, prefix, n)) {
-            if (w->load && w->t[i].data && !w->t[i].owns) fs_wload_drop(w->load, i); /* a view's pages */
-            fs_tensor_free(&w->t[i]);
+            free_param(w, i, &w->t[i]);
         }
 }
 
 static void drop_all(fs_weights *w)
 {
-    for (int i = 0; i < w->n; i++) fs_tensor_free(&w->t[i]);
+    for (int i = 0; i < w->n; i++) free_param(w, i, &w->t[i]);
 }
 
 int fs_weights_resplit(fs_weights *w, const fs_plan *plan, int T, int t, const fs_inject *inj, fs_err *e)
@@ -259,7 +265,7 @@ int fs_weights_set_streaming(fs_weights *w, int on, fs_err *e)
     describe(w);
     if (!on) return make_resident(w, e);
     for (int i = 0; i < w->n; i++)
-        if (is_block_param(w->desc[i].name)) fs_tensor_free(&w->t[i]);
+        if (is_block_param(w->desc[i].name)) free_param(w, i, &w->t[i]);
     return FS_OK;
 }
 
@@ -400,7 +406,7 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_
     }
     for (int i = 0; i < w->n; i++)
         if (cut[i].ndim) {
-            fs_tensor_free(&w->t[i]);
+            fs_tensor_free(&w->t[i]); /* not free_param: cut[i] may be a row range of this view */
             w->t[i] = cut[i];
         }
     free(cut);
