@@ -7,6 +7,7 @@
 #   make GPU=cuda   (or GPU=hip) the same with the GPU backend (docs/gpu.md)
 #   make GPU=cuda gpu-check    GPU conformance, layouts, --inject, bench (SKIPPED without a GPU)
 #   make GPU=cuda gpu-bundle   build/bundle: binaries + Open MPI runtime for a GPU machine
+#   make GPU=cuda gpu-pack     build/gpu-pack: bundle + reference subset, compressed, < 60 MiB
 #   make fuzz       libFuzzer harnesses tests/fuzz/fuzz_*.c, FUZZ_SECONDS each (tests/fuzz/README.md)
 #   make sanitize   the test suite on an ASan + UBSan + LSan build in build-san/ (docs/reliability.md)
 #   make sanitize-quick  the bounded subset CI runs
@@ -73,7 +74,7 @@ TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 BENCH_SRC  := $(wildcard tools/bench_*.c)
 BENCH_BIN  := $(patsubst tools/%.c,$(B)/%,$(BENCH_SRC))
 
-.PHONY: all test unit integration bench golden matrix clean gpu-check gpu-bundle
+.PHONY: all test unit integration bench golden matrix clean gpu-check gpu-bundle gpu-pack
 ORACLE_MAIN := $(wildcard oracle/main_flux_oracle.c)
 ORACLE_BIN  := $(if $(ORACLE_MAIN),$(B)/flux-oracle)
 all: $(B)/flux-sim $(ORACLE_BIN) $(B)/make-checkpoint $(TEST_BIN) $(BENCH_BIN)
@@ -174,6 +175,10 @@ $(B)/flux-box: tools/flux_box.c $(BOX_OBJ) $(LIB)
 # or HDF5: tools/gpu-bundle.sh (OUT=dir, default build/bundle).
 gpu-bundle:
 	@GPU=$(GPU) tools/gpu-bundle.sh
+
+# the bundle + the reference subset, compressed, for the device tool (docs/gpu.md)
+gpu-pack:
+	@GPU=$(or $(GPU),cuda) tools/gpu-pack.sh
 
 clean:
 	rm -rf $(B) build-san
