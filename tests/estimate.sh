@@ -20,6 +20,16 @@ pass=0; fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
+# Peak RSS per rank: each rank's /usr/bin/time writes its own file (rss.RANK), so nothing depends
+# on how the ranks' output lines interleave (in one stream they did: "RRSS SS 270192").
+# rss_run NP ARGS... runs the job; then rss_lines prints "RANK KiB" for each rank that wrote one.
+rss_run() {
+  local np=$1; shift
+  rm -f "$T"/rss.*
+  mpirun -np "$np" sh -c 'exec /usr/bin/time -f "%M" -o "$0/rss.$OMPI_COMM_WORLD_RANK" "$@"' "$T" "$SIM" -q "$@" </dev/null >"$T/out" 2>&1
+}
+rss_lines() { for f in "$T"/rss.*; do [ -f "$f" ] && echo "${f##*.} $(tail -1 "$f")"; done; }
+
 # "1.8 GiB" / "317 MiB" -> MiB
 to_mib() { awk -v v="$1" -v u="$2" 'BEGIN { f = u == "GiB" ? 1024 : u == "KiB" ? 1 / 1024 : u == "MiB" ? 1 : 0; printf "%.1f", v * f }'; }
 
@@ -34,13 +44,13 @@ else
     np=${L%%|*}; args=${L#*|}
     tot=$("$SIM" --estimate $args | awk '/^    total/ {print $2, $3}')
     est=$(to_mib $tot)
-    mpirun -np "$np" /usr/bin/time -f "RSS %M" "$SIM" -q $args </dev/null >"$T/out" 2>&1
-    worst=$(awk -v e="$est" '/^RSS/ { m = $2 / 1024; d = (e - m) / m; if (d < 0) d = -d; if (d > w) { w = d; at = m } }
-                              END { printf "%.3f %.0f", w, at }' "$T/out")
-    n=$(grep -c "^RSS" "$T/out")
+    rss_run "$np" $args
+    worst=$(rss_lines | awk -v e="$est" '{ m = $2 / 1024; d = (e - m) / m; if (d < 0) d = -d; if (d > w) { w = d; at = m } }
+                              END { printf "%.3f %.0f", w, at }')
+    n=$(rss_lines | grep -c .)
     if [ "$n" -eq "$np" ] && awk -v w="${worst% *}" 'BEGIN { exit !(w <= 0.10) }'; then
       ok "np $np $args: estimate $est MiB per rank, measured peak RSS within $(awk -v w="${worst% *}" 'BEGIN{printf "%.1f", 100*w}')% on every rank"
-    else bad "np $np $args: estimate $est MiB, worst rank off by ${worst% *} (RSS ${worst#* } MiB; $n RSS lines)"; cat "$T/out" | tail -3; fi
+    else bad "np $np $args: estimate $est MiB, worst rank off by ${worst% *} (RSS ${worst#* } MiB; $n of $np ranks measured)"; cat "$T/out" | tail -3; fi
   done
 fi
 
@@ -59,10 +69,9 @@ JSON
     args="--weights $T/ck --precision bf16 --tp 2 --check --stream on --grid 8x8 --txt-len 16 --steps 1 --dump-modules proj_out"
     mpirun -np 2 "$SIM" --estimate $args </dev/null >"$T/est" 2>&1
     e0=$(to_mib $(awk '/^    rank 0 \(/ {print $(NF-1), $NF}' "$T/est")); e1=$(to_mib $(awk '/^    total/ {print $2, $3}' "$T/est"))
-    mpirun -np 2 /usr/bin/time -f "RSS %M" "$SIM" -q $args </dev/null >"$T/out" 2>&1
-    # the bigger RSS is rank 0's (it holds the whole model)
-    read -r m1 m0 < <(awk '/^RSS/ {print $2 / 1024}' "$T/out" | sort -g | tr '\n' ' ')
-    if [ -n "${m0:-}" ] && awk -v e0="$e0" -v m0="$m0" -v e1="$e1" -v m1="$m1" \
+    rss_run 2 $args
+    m0=$(awk '$1 == 0 {print $2 / 1024}' < <(rss_lines)); m1=$(awk '$1 == 1 {print $2 / 1024}' < <(rss_lines))
+    if [ -n "${m0:-}" ] && [ -n "${m1:-}" ] && awk -v e0="$e0" -v m0="$m0" -v e1="$e1" -v m1="$m1" \
          'BEGIN { d0 = (e0 - m0) / m0; d1 = (e1 - m1) / m1; exit !(d0 <= 0.10 && d0 >= -0.10 && d1 <= 0.10 && d1 >= -0.10) }'; then
       ok "bf16 --tp 2 --check from a BF16 checkpoint: rank 0 estimate $e0 MiB vs $m0 MiB, rank 1 $e1 vs $m1 MiB (within 10%)"
     else bad "bf16 --tp 2 --check from a BF16 checkpoint: rank 0 estimate ${e0:-?} MiB vs ${m0:-?} MiB, rank 1 ${e1:-?} vs ${m1:-?}"; tail -3 "$T/out"; fi
