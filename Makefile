@@ -30,14 +30,18 @@ CMOCKA_LIBS   := $(shell pkg-config --libs cmocka)
 
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g -march=x86-64-v2
-CFLAGS  += -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Isim -Ioracle $(PKG_CFLAGS)
+# sim/ is layered, lowest first (docs/design.md; tools/include-graph.py checks the arrows):
+#   base -> backend -> parallel -> weights -> model -> run, and the CLI sim/main_flux_sim.c on top
+SIM_DIRS := base backend parallel weights model run
+INC      := $(addprefix -Isim/,$(SIM_DIRS)) -Ioracle
+CFLAGS  += -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(INC) $(PKG_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -fopenmp -lm
 
 B := build
 
 # ---- GPU backend (docs/gpu.md): `make GPU=cuda` or `make GPU=hip`; plain `make` has none.
-# One CUDA C++ source (sim/gpu/*.cu) for both vendors; objects in build/gpu/, linked into
-# libfluxsim.a; sim/fs_backend.c gets -DFS_WITH_GPU (and -DFS_GPU_HIP) to know the names.
+# One CUDA C++ source (sim/backend/gpu/*.cu) for both vendors; objects in build/gpu/, linked into
+# libfluxsim.a; sim/backend/fs_backend.c gets -DFS_WITH_GPU (and -DFS_GPU_HIP) to know the names.
 GPU ?=
 ifeq ($(GPU),cuda)
 CUDA_HOME ?= /usr/local/cuda
@@ -57,17 +61,17 @@ GPU_DEFS  := -DFS_WITH_GPU -DFS_GPU_HIP
 else ifneq ($(GPU),)
 $(error GPU=$(GPU): expected GPU=cuda or GPU=hip (or nothing for the CPU-only build))
 endif
-GPU_OBJ  := $(if $(GPU),$(patsubst sim/gpu/%.cu,$(B)/gpu/%.o,$(wildcard sim/gpu/*.cu)))
-GPU_HDRS := $(wildcard sim/gpu/*.h) sim/fs_backend.h sim/fs_tensor.h sim/fs_common.h
+GPU_OBJ  := $(if $(GPU),$(patsubst sim/backend/gpu/%.cu,$(B)/gpu/%.o,$(wildcard sim/backend/gpu/*.cu)))
+GPU_HDRS := $(wildcard sim/backend/gpu/*.h) sim/backend/fs_backend.h sim/backend/fs_tensor.h sim/base/fs_common.h
 # The build flavour: switching between GPU=cuda, GPU=hip and none rebuilds what depends on it.
 GPU_STAMP := $(B)/.flavour-$(if $(GPU),$(GPU),cpu)
 LDLIBS    += $(GPU_LIBS)
 
-SIM_SRC    := $(filter-out sim/main_%.c,$(wildcard sim/*.c))
+SIM_SRC    := $(foreach d,$(SIM_DIRS),$(wildcard sim/$(d)/*.c))
 ORACLE_SRC := $(filter-out oracle/main_%.c,$(wildcard oracle/*.c))
 LIB_OBJ    := $(patsubst %.c,$(B)/%.o,$(SIM_SRC) $(ORACLE_SRC))
 LIB        := $(B)/libfluxsim.a
-HDRS       := $(wildcard sim/*.h sim/*.inc oracle/*.h)
+HDRS       := $(foreach d,$(SIM_DIRS),$(wildcard sim/$(d)/*.h sim/$(d)/*.inc)) $(wildcard oracle/*.h)
 
 TEST_SRC   := $(wildcard tests/test_*.c)
 TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
@@ -88,19 +92,19 @@ $(B)/%.o: %.c $(HDRS)
 # 1.0 + 0.1*z stays a multiply and an add); -fno-math-errno only lets sqrt vectorise (its argument
 # is never negative); -O2's "very cheap" vectoriser cost model would leave their loops scalar.
 RNG_CFLAGS := -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic
-$(B)/sim/fs_rng.o $(B)/sim/fs_weights_synth.o: CFLAGS += $(RNG_CFLAGS)
+$(B)/sim/base/fs_rng.o $(B)/sim/weights/fs_weights_synth.o: CFLAGS += $(RNG_CFLAGS)
 
 $(GPU_STAMP):
 	@mkdir -p $(B)
 	@rm -f $(B)/.flavour-*
 	@touch $@
 
-$(B)/sim/fs_backend.o: CFLAGS += $(GPU_DEFS)
-$(B)/sim/fs_backend.o: $(GPU_STAMP)
+$(B)/sim/backend/fs_backend.o: CFLAGS += $(GPU_DEFS)
+$(B)/sim/backend/fs_backend.o: $(GPU_STAMP)
 
-$(B)/gpu/%.o: sim/gpu/%.cu $(GPU_HDRS) $(GPU_STAMP)
+$(B)/gpu/%.o: sim/backend/gpu/%.cu $(GPU_HDRS) $(GPU_STAMP)
 	@mkdir -p $(dir $@)
-	$(GPU_CXX) $(GPU_EXTRA) -Isim -c $< -o $@
+	$(GPU_CXX) $(GPU_EXTRA) -Isim/base -Isim/backend -c $< -o $@
 # element-wise ops mirror the CPU kernels' roundings: no fused multiply-adds there
 $(B)/gpu/fs_gpu_ops.o: GPU_EXTRA = $(GPU_NOFMA)
 
@@ -193,7 +197,7 @@ FUZZ_SECONDS ?= 30
 FZ           := build/fuzz
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fopenmp -std=c11 -D_GNU_SOURCE -Wall -Wno-unused-parameter -Wno-pass-failed \
-                -Isim -Ioracle $(PKG_CFLAGS) $(shell mpicc --showme:compile)
+                $(INC) $(PKG_CFLAGS) $(shell mpicc --showme:compile)
 FUZZ_LDLIBS  := $(PKG_LIBS) $(shell mpicc --showme:link) -fopenmp -lm
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FZ)/%,$(FUZZ_SRC))
@@ -219,7 +223,7 @@ fuzz: fuzz-build
 # `make sanitize`: everything rebuilt with ASan + UBSan (and float-cast-overflow, which gcc's
 # -fsanitize=undefined leaves out) in build-san/, then the whole test suite run on those binaries
 # (tools/run-sanitize.sh: any ASan, UBSan or LeakSanitizer report fails it). ~18 minutes on 2 cores.
-# OPT, not CFLAGS: a command-line CFLAGS would replace -fopenmp -Isim ... (see CFLAGS above).
+# OPT, not CFLAGS: a command-line CFLAGS would replace -fopenmp -Isim/... (see CFLAGS above).
 SAN_B   := build-san
 SAN_OPT := -O1 -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer
 .PHONY: sanitize sanitize-build sanitize-quick valgrind

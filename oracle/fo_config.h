@@ -1,7 +1,7 @@
 /* fo_config.h — a dump's `config` root attribute as the oracle sees it: must be a JSON object,
  * and two dumps can only be compared when they describe the same model.
  *
- * This is deliberately not sim/fs_config (which builds a runnable model and rejects anything it
+ * This is deliberately not sim/base/fs_config (which builds a runnable model and rejects anything it
  * cannot run): the oracle compares dumps of any producer, so it only checks the FLUX keys of the
  * format (../shared/flux-dump.md) for equality. */
 #ifndef FO_CONFIG_H

@@ -41,7 +41,7 @@ static herr_t vlen_reclaim(hid_t type, hid_t space, void *buf)
 #endif
 }
 
-/* HDF5's reason, one clean line (shared with the writer: sim/fs_h5err.h). */
+/* HDF5's reason, one clean line (shared with the writer: sim/base/fs_h5err.h). */
 static const char *h5_cause(char buf[256]) { return fs_h5_cause(buf, 256); }
 
 /* ---------- crash / hang attribution (fo_set_h5_hook) ---------- */

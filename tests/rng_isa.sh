@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 T=$(mktemp -d /tmp/fluxsim-rng-isa-XXXXXX)
 pass=0; fail=0
 if [ "$(uname -m)" != x86_64 ]; then echo "*** SKIPPED rng_isa.sh: not x86-64 — this test did NOT run ***"; echo "0 passed, 0 failed"; exit 0; fi
-FLAGS="-O2 -std=c11 -D_GNU_SOURCE -fopenmp -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic -Isim"
+FLAGS="-O2 -std=c11 -D_GNU_SOURCE -fopenmp -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic -Isim/base -Isim/backend -Isim/parallel -Isim/weights -Isim/model -Isim/run -Ioracle"
 supports() { # level
   case $1 in
     x86-64) return 0 ;;

@@ -1,4 +1,4 @@
-/* test_rng.c — fs_rng v2 (sim/fs_rng.h) and the synthetic weights built on it.
+/* test_rng.c — fs_rng v2 (sim/base/fs_rng.h) and the synthetic weights built on it.
  *
  * The definition is element-wise and exact: fs_rng_normal (the scalar reference) and
  * fs_weights_synthetic_value. Checked here:

@@ -1,4 +1,4 @@
-/* bench_rng_accuracy — how accurate fs_rng's libm-free normal transform is (sim/fs_rng.h).
+/* bench_rng_accuracy — how accurate fs_rng's libm-free normal transform is (sim/base/fs_rng.h).
  *
  *   build/bench_rng_accuracy [--n N] [--seed S]        (default N = 10^8 pairs)
  *

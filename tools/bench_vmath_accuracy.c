@@ -1,5 +1,5 @@
 /* bench_vmath_accuracy — the accuracy of the CPU backend's float32 vector exp and tanh
- * (sim/fs_vmath.h: the attention softmax and the tanh GELU), on every float.
+ * (sim/backend/fs_vmath.h: the attention softmax and the tanh GELU), on every float.
  *
  *   build/bench_vmath_accuracy [--stride K]        (default 1: all 2^32 bit patterns)
  *

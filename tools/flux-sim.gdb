@@ -6,7 +6,7 @@
 # XSAVE area of a CPU with AMX ("Couldn't write extended state status: Bad address"), so on
 # such a machine every helper that called into the process printed nothing. These read the
 # tensor's memory with ptrace instead (gdb.Inferior.read_memory) and compute the statistics in
-# gdb's Python, the same formulas and printf formats as fs_debug_print_tensor (sim/fs_debug.c):
+# gdb's Python, the same formulas and printf formats as fs_debug_print_tensor (sim/model/fs_debug.c):
 # nothing runs inside the stopped process, whatever the CPU. Only a tensor in GPU memory, which
 # ptrace cannot read, still goes through the inferior call (cuda-gdb handles it there).
 
@@ -28,7 +28,7 @@ import math
 
 import gdb
 
-# cpu-strict tags its pointers with this bit (sim/fs_backend_strict.c, x86-64); the memory behind
+# cpu-strict tags its pointers with this bit (sim/backend/fs_backend_strict.c, x86-64); the memory behind
 # the untagged address is ordinary host memory.
 _FS_STRICT_TAG = 1 << 62
 _FS_DTYPES = {0: ("float32", 4), 1: ("float64", 8), 2: ("bfloat16", 2)}  # enum fs_dtype

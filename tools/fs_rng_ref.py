@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""fs_rng_ref.py — an independent numpy implementation of fs_rng's normals (sim/fs_rng.h) and of
-the synthetic weights built on them (fs_weights_synthetic_value, sim/fs_weights.c).
+"""fs_rng_ref.py — an independent numpy implementation of fs_rng's normals (sim/base/fs_rng.h) and of
+the synthetic weights built on them (fs_weights_synthetic_value, sim/weights/fs_weights.c).
 
-Written from the definition in sim/fs_rng.h, not from the C code: uint64 arithmetic wraps mod
+Written from the definition in sim/base/fs_rng.h, not from the C code: uint64 arithmetic wraps mod
 2^64, every float operation is one numpy float64 ufunc (one IEEE binary64 operation, rounded to
 nearest even, never fused), in the definition's order. tests/test_rng.c runs it and compares its
 bits with the C library's.

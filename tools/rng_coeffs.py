@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""rng_coeffs.py — derives every constant of fs_rng's normal transform (sim/fs_rng.h).
+"""rng_coeffs.py — derives every constant of fs_rng's normal transform (sim/base/fs_rng.h).
 
 Run: /usr/bin/python3 tools/rng_coeffs.py   (needs mpmath: Debian python3-mpmath)
 
-Prints the constants as C99 hex floats, exactly as sim/fs_rng_kernel.h, sim/fs_rng.h and
+Prints the constants as C99 hex floats, exactly as sim/base/fs_rng_kernel.h, sim/base/fs_rng.h and
 tools/fs_rng_ref.py hold them, and the error of each polynomial (coefficients rounded to double, evaluated exactly in
 200-bit arithmetic, on a 20001-point grid). Nothing here is taken from a libm: the polynomials
 are Chebyshev interpolants (near-minimax) computed by mpmath.chebyfit, degree 6 each, which is
@@ -13,7 +13,7 @@ with --degrees shows it).
   T(z)  = (2 atanh(sqrt z)/sqrt z - 2)/z  on z in [0, ZMAX]   log1p(f) = 2s + s*z*T(z), z = s^2,
                                                                 ZMAX = s_max^2 (1 + 1e-4)
   P(t)  = sin(pi/4 sqrt t)/sqrt t          on t in [0, 1]      sin(pi/4 g) = g*P(g*g)
-  (cos(pi/4 g) is sqrt(1 - S*S), no polynomial: see sim/fs_rng.h)
+  (cos(pi/4 g) is sqrt(1 - S*S), no polynomial: see sim/base/fs_rng.h)
   LN2_HI = ln 2 rounded toward zero to 32 significant bits (e*LN2_HI exact for |e| < 2^21)
   LN2_LO = ln 2 - LN2_HI rounded to nearest
   SQRT2  = sqrt 2 rounded to nearest (the mantissa split threshold)

@@ -2,7 +2,7 @@
  * backend, for float32, float64 and bfloat16 storage (fs_backend.h states each op's rounding).
  *
  * Every kernel is one template over the storage type S (gio<S>: load widens to the compute type,
- * store rounds once) and mirrors the CPU kernel's expression (sim/fs_kernels_cpu.inc) term for
+ * store rounds once) and mirrors the CPU kernel's expression (sim/backend/fs_kernels_cpu.inc) term for
  * term, so that float64 and float32 results agree with the CPU to the last bit where no
  * transcendental function is involved. This file is compiled without floating-point contraction
  * (nvcc -fmad=false, hipcc -ffp-contract=off; see the Makefile): a·b + c stays two roundings,

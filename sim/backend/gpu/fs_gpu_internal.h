@@ -1,4 +1,4 @@
-/* fs_gpu_internal.h — what the sim/gpu/ .cu files share (C++ only; never included from C).
+/* fs_gpu_internal.h — what the sim/backend/gpu/ .cu files share (C++ only; never included from C).
  *
  * The backend's state, bfloat16 storage, the per-dtype load/store traits every kernel is
  * written against, dtype dispatch, launch-error checks. */

@@ -2,7 +2,7 @@
  *
  * The GPU backend is written in CUDA C++. Compiled by nvcc it is CUDA; compiled by hipcc with
  * `-x hip` (clang defines __HIP__, hipcc adds __HIP_PLATFORM_AMD__) the names below map the CUDA
- * runtime and warp intrinsics onto HIP. Only what sim/gpu/ uses is mapped; add a line when a
+ * runtime and warp intrinsics onto HIP. Only what sim/backend/gpu/ uses is mapped; add a line when a
  * kernel needs a new name. cuBLAS exists on CUDA only (Debian 12 has no rocBLAS/hipBLAS):
  * FS_GPU_HAVE_BLAS says whether the GEMM may use it.
  *

@@ -8,7 +8,7 @@
  * names nothing. The struct is meant to be extended (FLOPs, collective volumes for a future
  * `flux-sim --estimate`); every field is computed from the request alone, no global state.
  *
- * All quantities are counts of live bytes of the current code (commit history: sim/fs_model.c,
+ * All quantities are counts of live bytes of the current code (commit history: sim/model/fs_model.c,
  * fs_sampler.c, fs_seqpar.c); allocator slack and library buffers (MPI, OpenBLAS, HDF5) are not
  * included, so the real peak is at least this. Notation, per rank: B batch, Si/St/S image, text
  * and joint tokens of this rank (the global counts divided over sp = ulysses·ring, rounded up),

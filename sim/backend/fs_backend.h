@@ -3,7 +3,7 @@
  * A backend owns a memory space and the ops that work in it, as a table of function pointers
  * (ggml-backend's shape): the CPU backend (fs_backend_cpu.c, OpenBLAS), the strict CPU test
  * backend (cpu-strict: the same kernels, memory that host code cannot dereference), and the GPU
- * backends (sim/gpu/, CUDA and HIP from one source). The model, the sequence-parallel code, the
+ * backends (sim/backend/gpu/, CUDA and HIP from one source). The model, the sequence-parallel code, the
  * sampler and the collectives (fs_comm) only ever touch activations through these ops; recorders
  * download what they read. docs/design.md ("Memory model") says who owns what.
  *

@@ -1,6 +1,6 @@
 /* fs_h5err.h — HDF5's reason for a failure, as one clean line.
  *
- * Both the dump writer (sim/fs_dump.c) and the reader (oracle/fo_dump.c) end their one-line
+ * Both the dump writer (sim/run/fs_dump.c) and the reader (oracle/fo_dump.c) end their one-line
  * errors with HDF5's cause. HDF5's own descriptions are not fit for that: some span two lines,
  * carry heap pointers ("buf = 0x7ffd...") and run to a kilobyte. This is the one place that
  * turns them into a line a user can read. */
