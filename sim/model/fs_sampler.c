@@ -6,59 +6,6 @@
 
 #include "fs_rng.h"
 
-int fs_sched_preset(fs_sched_config *s, const char *name, fs_err *e)
-{
-    /* Hub scheduler_config.json of FLUX.1-dev / FLUX.1-schnell (spec §8). */
-    *s = (fs_sched_config){.use_dynamic_shifting = 1, .shift = 3.0, .base_shift = 0.5, .max_shift = 1.15,
-                           .base_image_seq_len = 256, .max_image_seq_len = 4096};
-    if (!strcmp(name, "dev")) return FS_OK;
-    if (!strcmp(name, "schnell")) {
-        s->use_dynamic_shifting = 0;
-        s->shift = 1.0;
-        return FS_OK;
-    }
-    return fs_errf(e, FS_E_INPUT, "unknown scheduler '%s' (known: dev, schnell)", name);
-}
-
-double fs_sched_mu(const fs_sched_config *s, int image_seq_len)
-{
-    double m = (s->max_shift - s->base_shift) / (double)(s->max_image_seq_len - s->base_image_seq_len);
-    double b = s->base_shift - m * s->base_image_seq_len;
-    return image_seq_len * m + b;
-}
-
-int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype dt, double *sigmas,
-                    double *timesteps, fs_err *e)
-{
-    if (N < 1) return fs_errf(e, FS_E_INPUT, "number of steps must be >= 1 (got %d)", N);
-    double mu = fs_sched_mu(s, image_seq_len);
-    for (int i = 0; i < N; i++) {
-        /* pipeline: np.linspace(1.0, 1/N, N) in float64 ... */
-        /* np.linspace: arange(N) * step + start, step = (stop - start) / (N - 1), last = stop */
-        double lin = N == 1 ? 1.0 : (i == N - 1 ? 1.0 / N : (double)i * ((1.0 / N - 1.0) / (double)(N - 1)) + 1.0);
-        /* ... cast to float32 first by set_timesteps, then shifted in float32 (NumPy rounds the
-         * Python-float constants to float32 in mixed expressions). */
-        float sg = (float)lin, out;
-        if (s->use_dynamic_shifting) {
-            float em = (float)exp(mu);
-            float r = 1.0f / sg - 1.0f;
-            out = em / (em + powf(r, 1.0f));
-        } else {
-            float sh = (float)s->shift;
-            out = sh * sg / (1.0f + (sh - 1.0f) * sg);
-        }
-        sigmas[i] = out;
-        float t1000 = out * 1000.0f; /* scheduler.timesteps, float32 */
-        /* what the pipeline passes, `t.expand(B).to(latents.dtype) / 1000`: a float32 division,
-         * the reference's float64 one, or for bf16 latents a bf16 cast and a bf16 division */
-        timesteps[i] = dt == FS_F32    ? (double)(t1000 / 1000.0f)
-                       : dt == FS_BF16 ? (double)fs_bf16_round(fs_bf16_round(t1000) / 1000.0f)
-                                       : (double)t1000 / 1000.0;
-    }
-    sigmas[N] = 0.0;
-    return FS_OK;
-}
-
 void fs_inputs_match_bf16(fs_inputs *in)
 {
     for (int i = 0; i < in->n_steps; i++) {

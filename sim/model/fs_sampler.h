@@ -10,23 +10,7 @@
 #include "fs_comm.h"
 #include "fs_inject.h"
 #include "fs_model.h"
-
-typedef struct fs_sched_config {
-    int use_dynamic_shifting;  /* FLUX.1-dev: 1; schnell: 0 */
-    double shift;              /* static shift (schnell 1.0); unused when dynamic */
-    double base_shift, max_shift;
-    int base_image_seq_len, max_image_seq_len;
-} fs_sched_config;
-
-/* "dev" (dynamic shift) or "schnell" (static shift 1.0). */
-int fs_sched_preset(fs_sched_config *s, const char *name, fs_err *e);
-/* calculate_shift(S_img, ...) in float64, as the pipeline does. */
-double fs_sched_mu(const fs_sched_config *s, int image_seq_len);
-/* sigmas[N+1] (final 0) and timesteps[N] = what the transformer is passed (t/1000) for dtype
- * dt: float32 division for fp32 runs, float64(t_f32)/1000 for fp64 runs (as the reference does),
- * bf16(bf16(t)/1000) for bf16 runs (the pipeline casts t to the latents' dtype first). */
-int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype dt, double *sigmas,
-                    double *timesteps, fs_err *e);
+#include "fs_schedule.h"
 
 /* Inputs generated from a seed for a token grid (grid_h × grid_w image tokens, i.e. a
  * 16·grid_h × 16·grid_w pixel image). Noise, text embeddings and pooled vector are standard

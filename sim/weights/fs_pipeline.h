@@ -12,7 +12,7 @@
 #define FS_PIPELINE_H
 
 #include "fs_config.h"
-#include "fs_sampler.h"
+#include "fs_schedule.h"
 
 typedef struct fs_pipeline {
     char *weights;   /* what fs_weights_load opens: the transformer folder, or the path as given */

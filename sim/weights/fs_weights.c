@@ -26,24 +26,6 @@ int fs_weights_init_empty(fs_weights *w, const fs_config *c, fs_dtype dt, fs_err
     return FS_OK;
 }
 
-/* A standard normal z scaled to the magnitudes of ../shared/reference/README.md. */
-static double synthetic_scale(const fs_param_desc *d, double z)
-{
-    switch (d->kind) {
-    case FS_PARAM_LINEAR_W: return z / sqrt((double)d->shape[1]);
-    case FS_PARAM_BIAS: return 0.05 * z;
-    case FS_PARAM_RMS_W: return 1.0 + 0.1 * z;
-    }
-    return 0;
-}
-
-double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index)
-{
-    /* The key depends on the name only, never on the shape: a shard of rows [a, b) is the
-     * same numbers whatever the world size. */
-    return synthetic_scale(d, fs_rng_normal(fs_rng_key(seed, d->name), (uint64_t)index));
-}
-
 /* "transformer_blocks.0.attn.to_q.weight" -> "transformer_blocks.0.attn.to_q" */
 static void module_of(const char *param, char *module, size_t n)
 {
@@ -72,27 +54,6 @@ static int whole(const fs_param_desc *d, const fs_tp_split *s)
 {
     const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
     return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
-}
-
-/* The scalar reference of fs_weights_synthetic_fill: fs_rng_normal element by element (the
- * plain scalar loop, fs_rng_normal_fill_scalar), the scale per element, one thread. What the
- * fast path is tested against (tests/test_rng.c, tools/bench_synth.c). */
-void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
-                                      void *out)
-{
-    enum { BLK = 4096 };
-    double buf[BLK];
-    const uint64_t key = fs_rng_key(seed, d->name);
-    for (int64_t k0 = 0; k0 < count; k0 += BLK) {
-        const int64_t m = count - k0 < BLK ? count - k0 : BLK;
-        fs_rng_normal_fill_scalar(key, (uint64_t)(first + k0), m, buf);
-        if (dt == FS_F64)
-            for (int64_t k = 0; k < m; k++) ((double *)out)[k0 + k] = synthetic_scale(d, buf[k]);
-        else if (dt == FS_BF16)
-            for (int64_t k = 0; k < m; k++) ((uint16_t *)out)[k0 + k] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
-        else
-            for (int64_t k = 0; k < m; k++) ((float *)out)[k0 + k] = (float)synthetic_scale(d, buf[k]);
-    }
 }
 
 /* The elements a shard holds, generated run by run: a run is a contiguous range of the full

@@ -11,8 +11,9 @@
 #include "fs_config.h"
 #include "fs_plan.h"
 #include "fs_tensor.h"
+#include "fs_weights_load.h"
+#include "fs_weights_synth.h"
 
-typedef struct fs_wload fs_wload; /* an open checkpoint as a source of parameters (fs_weights_load.c) */
 
 typedef struct fs_weights {
     fs_config cfg;
@@ -78,51 +79,11 @@ int64_t fs_weights_block_bytes(const fs_weights *w, int T, int t, fs_err *e);
  * ~ N(0, 1/in), bias ~ N(0, 0.05^2), RMSNorm weight ~ 1 + N(0, 0.1^2); element i of tensor
  * `name` is fs_rng_normal(fs_rng_key(seed, name), i) scaled. */
 int fs_weights_synthetic(fs_weights *w, const fs_config *c, fs_dtype dt, uint64_t seed, fs_err *e);
-/* The value of element `index` of synthetic parameter `d` (what fs_weights_synthetic stores,
- * before rounding to the run dtype). For sharded generation and tests. */
-double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index);
-/* Elements [first, first + count) of synthetic parameter `d` as a `dt` run stores them (float:
- * the value rounded to nearest even), into out (float or double): bit-identical to
- * fs_weights_synthetic_value element by element. Vectorised (fs_rng.c) and OpenMP-threaded
- * over blocks (serial inside a caller's parallel region). For generating without holding a whole
- * tensor (tools/make_checkpoint.c) and for fs_weights_synthetic itself. */
-void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
-                               void *out);
-/* The same values by the plain scalar loop (fs_rng_normal per element, one thread): the
- * reference for benchmarks and tests. */
-void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
-                                      void *out);
-
 /* Load from safetensors (fs_weights_open with a path, full tensors). `path` is a .safetensors
  * file, a *.safetensors.index.json, a directory containing either, or a diffusers pipeline folder
  * (its transformer/ is opened; fs_pipeline.h). Every tensor is validated
  * against the config (dtype, shape, bounds, overlap); missing or unexpected tensors are errors. */
 int fs_weights_load(fs_weights *w, const fs_config *c, fs_dtype dt, const char *path, fs_err *e);
-
-/* The loader as a source (fs_weights_load.c): opens and validates a checkpoint against the
- * parameter list; fs_wload_make makes parameter i's piece `sh` in dtype dt (a view when it can). */
-int fs_wload_open(fs_wload **l, const fs_config *c, const fs_param_desc *desc, int n, const char *path, fs_err *e);
-int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_split *sh, fs_dtype dt, fs_tensor *t,
-                  fs_err *e);
-const char *fs_wload_path(const fs_wload *l);
-/* Files of the open checkpoint (shards). */
-int fs_wload_nfiles(const fs_wload *l);
-/* 1 when bytes [p, p + n) lie in the checkpoint's mappings (a weight used in place). */
-int fs_wload_maps(const fs_wload *l, const void *p, size_t n);
-/* Drops parameter i's file pages from the resident set (they stay in the page cache). */
-void fs_wload_drop(const fs_wload *l, int i);
-void fs_wload_free(fs_wload *l);
-
-/* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
- * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
- * "model.diffusion_model." prefix), its first dimension `rows` (the fused size for qkv/linear1),
- * and *np pieces: rows [src_r0, src_r0 + nrows) of the BFL tensor are rows [dst_r0, ...) of d
- * (two pieces for norm_out's swapped halves). Returns -1 for a parameter no rule covers. */
-typedef struct fs_bfl_piece {
-    int64_t src_r0, nrows, dst_r0;
-} fs_bfl_piece;
-int fs_weights_bfl_source(const fs_param_desc *d, const fs_config *c, char *name, size_t name_len, int64_t *rows,
-                          fs_bfl_piece p[2], int *np);
 
 /* Which part of parameter `d` TP rank t of T holds under `plan`: the TP split of its Linear
  * (fs_tp_split_of, the one owner of that arithmetic): rows [r0, r1) and the column intervals.

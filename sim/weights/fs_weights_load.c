@@ -8,7 +8,7 @@
  * else is decoded into an owned tensor. */
 #include "fs_pipeline.h"
 #include "fs_safetensors.h"
-#include "fs_weights.h"
+#include "fs_weights_load.h"
 
 #include <stdalign.h>
 #include <stdio.h>

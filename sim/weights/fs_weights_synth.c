@@ -1,7 +1,7 @@
 /* fs_weights_synth.c — synthetic weight values in bulk: the normals of fs_rng (its inline
  * kernel, fs_rng_kernel.h) generated and scaled in one vector loop, threaded over blocks.
  *
- * Bit-identity with fs_weights_synthetic_value (fs_weights.c), which is the definition:
+ * Bit-identity with fs_weights_synthetic_value (at the end of this file), which is the definition:
  *   Linear weight  z / sqrt((double)in)   (a division: z * (1/sqrt(in)) would differ)
  *   bias           0.05 * z
  *   RMSNorm weight 1.0 + 0.1 * z          (a multiply then an add: never an FMA)
@@ -10,7 +10,7 @@
  * the normals nor the RMSNorm multiply-add can be fused in any clone; every step is one correctly
  * rounded IEEE operation whatever the vector width. tests/test_rng.c checks the result against
  * fs_weights_synthetic_value and the scalar reference fs_weights_synthetic_fill_scalar. */
-#include "fs_weights.h"
+#include "fs_weights_synth.h"
 
 #include <math.h>
 #include <omp.h>
@@ -102,5 +102,44 @@ void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t fi
         }
         i += 2 * np;
         if (i < m) one(d, seed, g0 + i, dt, out, o + i); /* the cos half of a pair */
+    }
+}
+
+/* A standard normal z scaled to the magnitudes of ../shared/reference/README.md. */
+static double synthetic_scale(const fs_param_desc *d, double z)
+{
+    switch (d->kind) {
+    case FS_PARAM_LINEAR_W: return z / sqrt((double)d->shape[1]);
+    case FS_PARAM_BIAS: return 0.05 * z;
+    case FS_PARAM_RMS_W: return 1.0 + 0.1 * z;
+    }
+    return 0;
+}
+
+double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t index)
+{
+    /* The key depends on the name only, never on the shape: a shard of rows [a, b) is the
+     * same numbers whatever the world size. */
+    return synthetic_scale(d, fs_rng_normal(fs_rng_key(seed, d->name), (uint64_t)index));
+}
+
+/* The scalar reference of fs_weights_synthetic_fill: fs_rng_normal element by element (the
+ * plain scalar loop, fs_rng_normal_fill_scalar), the scale per element, one thread. What the
+ * fast path is tested against (tests/test_rng.c, tools/bench_synth.c). */
+void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
+                                      void *out)
+{
+    enum { BLK = 4096 };
+    double buf[BLK];
+    const uint64_t key = fs_rng_key(seed, d->name);
+    for (int64_t k0 = 0; k0 < count; k0 += BLK) {
+        const int64_t m = count - k0 < BLK ? count - k0 : BLK;
+        fs_rng_normal_fill_scalar(key, (uint64_t)(first + k0), m, buf);
+        if (dt == FS_F64)
+            for (int64_t k = 0; k < m; k++) ((double *)out)[k0 + k] = synthetic_scale(d, buf[k]);
+        else if (dt == FS_BF16)
+            for (int64_t k = 0; k < m; k++) ((uint16_t *)out)[k0 + k] = fs_bf16_from_float((float)synthetic_scale(d, buf[k]));
+        else
+            for (int64_t k = 0; k < m; k++) ((float *)out)[k0 + k] = (float)synthetic_scale(d, buf[k]);
     }
 }
