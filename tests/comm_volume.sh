@@ -2,16 +2,16 @@
 # docs/parallel.md's communication table, checked against the code: for several layouts of the
 # `odd` config (B=2, 35 image + 13 text tokens, uneven shards) the calls and bytes of every
 # collective of the sampling loop that each rank reports (--comm-stats) must equal the formulas.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-pass=0; fail=0
+# Every rank prints its own comm-stats line: each rank writes to its own file (mpirun_per_rank),
+# so no line is read from a stream where two ranks' output can interleave.
+. "$(dirname "$0")/lib.sh"
+tmpdir comm-volume
 for L in "2|--tp 2" "3|--tp 3" "2|--ulysses 2" "3|--ulysses 3" "2|--ring 2" "3|--ring 3 --ring-rotate p2p" \
          "4|--ulysses 2 --ring 2" "4|--tp 2 --ring 2 --ring-rotate p2p"; do
   n=${L%%|*}; args=${L#*|}
-  out=$(timeout 300 mpirun -np "$n" ${FLUX_BUILD:-build}/flux-sim --config odd --batch 2 --grid 5x7 --txt-len 13 --steps 2 --comm-stats -q $args 2>&1)
-  printf '%s\n' "$out" >/tmp/fluxsim-comm-stats.$$
-  if /usr/bin/python3 - /tmp/fluxsim-comm-stats.$$ "$n" $args <<'PY'
+  mpirun_per_rank "$T/ranks" "$n" "$SIM" --config odd --batch 2 --grid 5x7 --txt-len 13 --steps 2 --comm-stats -q $args >"$T/mpirun.log" 2>&1
+  for ((r = 0; r < n; r++)); do cat "$T/ranks/rank.$r"; done >"$T/stats" 2>/dev/null
+  if $PY - "$T/stats" "$n" $args <<'PY'
 import sys, re
 world = int(sys.argv[2]); a = sys.argv[3:]
 deg = {"tp": 1, "ulysses": 1, "ring": 1}; rot = "allgather"
@@ -57,8 +57,6 @@ for rank in range(world):
             print(f"   rank {rank} {k}: code {got[rank].get(k)} != formula {v}"); sys.exit(1)
 print(f"   {world} ranks: " + "; ".join(f"{k} {v[0]}/{v[1]}" for k, v in exp.items() if v[0]) )
 PY
-  then pass=$((pass + 1)); echo "ok   np=$n $args"; else fail=$((fail + 1)); echo "FAIL np=$n $args"; printf '%s\n' "$out" | tail -5; fi
+  then ok "np=$n $args"; else bad "np=$n $args"; cat "$T/mpirun.log" "$T/stats" | tail -5; fi
 done
-rm -f /tmp/fluxsim-comm-stats.$$
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -4,17 +4,17 @@
 # one wrong element in that test's result; the test's line must say WRONG, every rank must fail
 # that test and no other (the verdict is agreed before it is asserted), and the job must end on
 # its own well inside the timeout.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-BIN=${FLUX_BUILD:-build}/tests/test_comm
-LOG=$(mktemp /tmp/fluxsim-comm-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+# Every rank prints (cmocka's lines and summary; rank 0 the table): each rank writes its own file
+# (mpirun_per_rank), and what is counted per rank is counted per file — in one shared stream the
+# ranks' buffered output can interleave mid-line.
+. "$(dirname "$0")/lib.sh"
+BIN=$B/tests/test_comm
+tmpdir comm
+LOG=$T/log
 for n in 2 3 4; do
-  if timeout 120 mpirun -np $n "$BIN" </dev/null >"$LOG" 2>&1; then ok "np=$n"
+  if mpirun_per_rank "$T/r" $n "$BIN" >"$LOG" 2>&1; then ok "np=$n"
   else bad "np=$n (exit $?)"; fi
+  cat "$T"/r/rank.* >>"$LOG"
   grep -E "^\s+\S.*(ok|WRONG.*)$|FAILED" "$LOG" | sort -u
 done
 # test name in test_comm.c | its line in the table
@@ -26,12 +26,13 @@ n=2
 for b in "${BREAKS[@]}"; do
   name=${b%%|*}; line=${b#*|}; t=$(fn "$name")
   start=$(date +%s)
-  FLUX_TEST_COMM_BREAK=$name timeout 120 mpirun -np $n -x FLUX_TEST_COMM_BREAK "$BIN" </dev/null >"$LOG" 2>&1; rc=$?
+  FLUX_TEST_COMM_BREAK=$name mpirun_per_rank "$T/r" $n -x FLUX_TEST_COMM_BREAK -- "$BIN" >"$LOG" 2>&1; rc=$?
   secs=$(( $(date +%s) - start ))
+  cat "$T"/r/rank.* >>"$LOG"
   re=$(printf '%s' "$line" | sed 's/[][().*^$+?{}|]/\\&/g')
-  wrong=$(grep -cE "^  $re +.*WRONG: [0-9]+ elements on [0-9]+ of $n ranks$" "$LOG")
-  ranks_failed=$(grep -c "^ 1 FAILED TEST(S)$" "$LOG")         # cmocka's summary, once per rank
-  others=$(grep -E "^\[  FAILED  \] test_" "$LOG" | grep -v "\] $t$" | sort -u | tr '\n' ' ')
+  wrong=$(cat "$T"/r/rank.* | grep -cE "^  $re +.*WRONG: [0-9]+ elements on [0-9]+ of $n ranks$")
+  ranks_failed=$(grep -lx " 1 FAILED TEST(S)" "$T"/r/rank.* | wc -l)   # cmocka's summary, in each rank's own file
+  others=$(cat "$T"/r/rank.* | grep -E "^\[  FAILED  \] test_" | grep -v "\] $t$" | sort -u | tr '\n' ' ')
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$wrong" -eq 1 ] && [ "$ranks_failed" -eq $n ] && [ -z "$others" ]; then
     ok "FLUX_TEST_COMM_BREAK=$name at np=$n: '$line ... WRONG', $t failed on all $n ranks and nothing else, exit $rc in ${secs}s"
   else
@@ -39,6 +40,4 @@ for b in "${BREAKS[@]}"; do
     tail -15 "$LOG"
   fi
 done
-rm -f "$LOG"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

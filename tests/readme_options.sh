@@ -13,16 +13,10 @@
 # environment variable sim/ and oracle/ read is in the section, and every FLUX_* variable the
 # section names is used in the tree.
 # Usage: tests/readme_options.sh [README.md]   (binaries from ${FLUX_BUILD:-build})
-set -u
 export LC_ALL=C
 README=$(realpath -- "${1:-$(dirname "$0")/../README.md}") || exit 2
-cd "$(dirname "$0")/.." || exit 2
-B=${FLUX_BUILD:-build}
-T=$(mktemp -d /tmp/fluxsim-readme-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+. "$(dirname "$0")/lib.sh"
+tmpdir readme
 opts() { grep -oE -- '--[a-z][a-z0-9-]*' | sort -u; }
 words() { tr '\n' ' ' | sed 's/ *$//'; }
 only_in() { comm -23 "$1" "$2" | words; } # lines of sorted file $1 not in $2
@@ -37,12 +31,12 @@ first_col() { awk -F'|' '{print $2}'; }
 for cli in flux-sim flux-oracle; do
   if [ ! -x "$B/$cli" ]; then
     bad "$B/$cli not built (make, or set FLUX_BUILD)"
-    echo "$pass passed, $fail failed"; exit 1
+    finish
   fi
 done
 if [ ! -s "$T/section" ]; then
   bad "$README has no '## CLI reference' section"
-  echo "$pass passed, $fail failed"; exit 1
+  finish
 fi
 
 for cli in flux-sim flux-oracle; do
@@ -117,5 +111,4 @@ done
 if [ -z "$x" ]; then ok "every FLUX_* variable the CLI reference names is used in the tree"
 else bad "README's CLI reference names variables nothing uses:$x"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -6,6 +6,9 @@
 #                       tests honour it too
 #   FLUX_TEST_EXCLUDE   space-separated test names not to run; each is printed as SKIPPED
 #   FLUX_TEST_ONLY      space-separated test names: run only these (make sanitize's second pass)
+#   PYTHON              the Python the shell tests run (default: python3 found on PATH)
+# The shell tests share tests/lib.sh: ok/bad/skip, the closing line, the mpirun environment, a
+# temporary folder, per-rank output files (mpirun_per_rank) and CPU/RSS measurement (measured).
 # tests/valgrind.sh is not run here: it takes minutes (make valgrind, make sanitize).
 set -u
 cd "$(dirname "$0")/.."
@@ -28,6 +31,7 @@ for t in "$B"/tests/test_* tests/*.sh; do
   [ -x "$t" ] || [ "${t##*.}" = sh ] || continue
   name=$(basename "$t")
   [ "$name" = valgrind.sh ] && continue
+  [ "$name" = lib.sh ] && continue # the shell tests' helpers, not a test
   if [ -n "${FLUX_TEST_ONLY:-}" ] && [[ " $FLUX_TEST_ONLY " != *" $name "* ]]; then continue; fi
   if [[ " ${FLUX_TEST_EXCLUDE:-} " == *" $name "* ]]; then
     excluded=$((excluded + 1))

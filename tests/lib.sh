@@ -1,0 +1,68 @@
+# tests/lib.sh: what the shell tests share. Each test starts with
+#   . "$(dirname "$0")/lib.sh"
+# which leaves it in the repository root (so `bash tests/X.sh` works from anywhere) with:
+#   ok MSG / bad MSG     count a pass / a failure and print "ok   MSG" / "FAIL MSG"
+#   skip MSG             print "*** SKIPPED MSG ***" (MSG says what did NOT run and why; the
+#                        runner, tools/run-tests.sh, reports every line holding SKIPPED)
+#   skip_all MSG         skip, then finish: the whole test did not run
+#   finish               print the closing "N passed, N failed" and exit 0 when nothing failed,
+#                        else 1 (runs the test's cleanup through the EXIT trap)
+#   B SIM ORACLE         the build folder (FLUX_BUILD, default build) and its two CLIs
+#   REF                  the diffusers reference dumps (FLUX_REFERENCE_DIR, ../shared/reference)
+#   PY                   the Python interpreter: $PYTHON, else python3 from PATH
+#   tmpdir NAME          T=a fresh /tmp/fluxsim-NAME-XXXXXX, removed when the test exits (a test
+#                        with more to undo defines test_cleanup, which runs first)
+#   mpirun_per_rank DIR NP [MPIRUN-OPTIONS... --] CMD...
+#                        mpirun -np NP CMD..., each rank's stdout and stderr in its own file
+#                        DIR/rank.N (Open MPI's world rank): figures every rank prints are read
+#                        from that rank's file, never from one stream the ranks share (there,
+#                        lines of two ranks can interleave mid-line). mpirun's own messages go
+#                        to the caller's stdout/stderr. Under `timeout 300` (a hang guard);
+#                        returns mpirun's exit status (124: the guard ended it).
+#   measured FILE CMD... runs CMD under /usr/bin/time and writes "PEAK_RSS_KIB CPU_SECONDS" (user +
+#                        system, children included) to FILE; returns CMD's status. A bound on
+#                        what a run costs is put on these, never on wall-clock time, which
+#                        depends on how loaded the machine is (CI: 2 cores, load up to 7).
+# and the environment every mpirun here needs (root in a container, more ranks than cores, one
+# BLAS thread per rank).
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+
+B=${FLUX_BUILD:-build}
+SIM=$B/flux-sim
+ORACLE=$B/flux-oracle
+REF=${FLUX_REFERENCE_DIR:-../shared/reference}
+PY=${PYTHON:-python3}
+PY=$(command -v "$PY" 2>/dev/null || echo "$PY")
+
+pass=0; fail=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+skip() { echo "*** SKIPPED $* ***"; }
+finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ] && exit 0; exit 1; }
+skip_all() { skip "$@"; finish; }
+
+T=
+_lib_cleanup() {
+  if declare -F test_cleanup >/dev/null; then test_cleanup; fi
+  if [ -n "$T" ]; then rm -rf "$T"; fi
+}
+trap _lib_cleanup EXIT
+tmpdir() { T=$(mktemp -d "/tmp/fluxsim-$1-XXXXXX") || { echo "FAIL cannot make a temporary folder"; exit 1; }; }
+
+mpirun_per_rank() {
+  local dir=$1 np=$2 opts=(); shift 2
+  if [[ " $* " == *" -- "* ]]; then while [ "$1" != -- ]; do opts+=("$1"); shift; done; shift; fi
+  mkdir -p "$dir" && rm -f "$dir"/rank.*
+  timeout 300 mpirun -np "$np" "${opts[@]}" sh -c 'exec "$@" >"$0/rank.$OMPI_COMM_WORLD_RANK" 2>&1' "$dir" "$@" </dev/null
+}
+
+measured() {
+  local f=$1 rc; shift
+  /usr/bin/time -f '%M %U %S' -o "$f.time" "$@"; rc=$?
+  tail -n 1 "$f.time" | awk '{ printf "%d %.2f\n", $1, $2 + $3 }' >"$f"
+  return $rc
+}
