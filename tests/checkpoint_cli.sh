@@ -4,14 +4,9 @@
 # pipeline's scheduler_config.json. Good cases exit 0 and print nothing with -q; the same weights
 # give the same run whatever the layout; bad cases exit 2 with one line on stderr naming the
 # culprit, and make-checkpoint leaves nothing behind.
-set -u
-cd "$(dirname "$0")/.."
-SIM=${FLUX_BUILD:-build}/flux-sim
+. "$(dirname "$0")/lib.sh"
 MK=${FLUX_BUILD:-build}/make-checkpoint
-T=$(mktemp -d /tmp/fluxsim-ckpt-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+tmpdir ckpt
 RUN="--grid 2x3 --txt-len 4 --steps 2"
 good() { # name, flux-sim args...: exit 0, nothing on stderr
   local name=$1; shift
@@ -75,7 +70,7 @@ if "$MK" -q --config tiny --weights-seed 5 --verify "$T/FLUX.1-tiny" && "$MK" -q
   ok "--verify: the three checkpoints hold exactly the synthetic weights"
 else bad "--verify of fresh checkpoints"; fi
 cp -r "$T/odd-transformer" "$T/flipped"
-/usr/bin/python3 - "$T/flipped/diffusion_pytorch_model.safetensors" <<'PY'
+$PY - "$T/flipped/diffusion_pytorch_model.safetensors" <<'PY'
 import struct, sys
 p = sys.argv[1]; f = open(p, "r+b"); n = struct.unpack("<Q", f.read(8))[0]
 f.seek(8 + n + 1000); b = f.read(1); f.seek(8 + n + 1000); f.write(bytes([b[0] ^ 1])); f.close()
@@ -115,6 +110,4 @@ err "make-checkpoint: prefix without bfl" "--bfl-prefix needs --layout bfl" "$MK
 left=$(ls "$T" | grep -cE '^x[0-9]|tmp-' || true)
 if [ "$left" -eq 0 ]; then ok "nothing left by the failed make-checkpoint runs"; else bad "left behind: $(ls "$T")"; fi
 
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

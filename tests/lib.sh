@@ -9,7 +9,8 @@
 #                        else 1 (runs the test's cleanup through the EXIT trap)
 #   B SIM ORACLE         the build folder (FLUX_BUILD, default build) and its two CLIs
 #   REF                  the diffusers reference dumps (FLUX_REFERENCE_DIR, ../shared/reference)
-#   PY                   the Python interpreter: $PYTHON, else python3 from PATH
+#   PY                   the Python interpreter: $PYTHON, else python3 from PATH (the first
+#                        there with h5py and NumPy)
 #   tmpdir NAME          T=a fresh /tmp/fluxsim-NAME-XXXXXX, removed when the test exits (a test
 #                        with more to undo defines test_cleanup, which runs first)
 #   mpirun_per_rank DIR NP [MPIRUN-OPTIONS... --] CMD...
@@ -35,8 +36,14 @@ B=${FLUX_BUILD:-build}
 SIM=$B/flux-sim
 ORACLE=$B/flux-oracle
 REF=${FLUX_REFERENCE_DIR:-../shared/reference}
-PY=${PYTHON:-python3}
-PY=$(command -v "$PY" 2>/dev/null || echo "$PY")
+# $PYTHON if set; else, in PATH order, the first python3 that has the tests' h5py and NumPy (a
+# pyenv or venv python3 ahead of the system one often lacks them), else the first python3
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+else
+  PY=
+  for p in $(type -ap python3); do "$p" -c 'import h5py, numpy' 2>/dev/null && { PY=$p; break; }; done
+  PY=${PY:-python3}
+fi
 
 pass=0; fail=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }

@@ -6,7 +6,8 @@
 #                       tests honour it too
 #   FLUX_TEST_EXCLUDE   space-separated test names not to run; each is printed as SKIPPED
 #   FLUX_TEST_ONLY      space-separated test names: run only these (make sanitize's second pass)
-#   PYTHON              the Python the shell tests run (default: python3 found on PATH)
+#   PYTHON              the Python the shell tests run (default: the first python3 on PATH that
+#                       has h5py and NumPy, else python3)
 # The shell tests share tests/lib.sh: ok/bad/skip, the closing line, the mpirun environment, a
 # temporary folder, per-rank output files (mpirun_per_rank) and CPU/RSS measurement (measured).
 # tests/valgrind.sh is not run here: it takes minutes (make valgrind, make sanitize).
