@@ -9,20 +9,13 @@
 #     JUnit, with rel L2, max|A-B|/max|B|, the tolerance and the coordinates in the <failure>;
 #   - a reference whose producer stopped early: exit 2, one <error> testcase, JSON verdict error.
 # Without ../shared/reference this test is SKIPPED, loudly.
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 OR=${FLUX_BUILD:-build}/flux-oracle
-SIM=${FLUX_BUILD:-build}/flux-sim
-PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 if [ ! -f "$ref/tiny/dump_fp32.h5" ] || [ ! -f "$ref/tiny/weights.safetensors" ]; then
-  echo "*** SKIPPED CI recipe test: $ref/tiny not found — it did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "CI recipe test: $ref/tiny not found — it did NOT run"
 fi
-T=$(mktemp -d /tmp/fluxsim-ci-XXXXXX)
+tmpdir ci
 GPU=$ref/tiny/dump_fp32.h5 W=$ref/tiny/weights.safetensors
 
 # ---- the recipe (docs/ci.md, "The job") ----
@@ -99,6 +92,4 @@ assert "stopped.h5: partial dump" in cases[0].find("error").get("message")
 assert json.load(open(f"{d}/report.json"))["verdict"] == "error"
 assert not os.path.exists(f"{d}/report.html")
 PY
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

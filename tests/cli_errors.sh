@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # flux-sim on bad input: each case must exit 2, print ONE line on stderr that names the file /
 # tensor / cause, and leave no output file (not even a temporary) behind.
-set -u
-cd "$(dirname "$0")/.."
-SIM=${FLUX_BUILD:-build}/flux-sim
-T=$(mktemp -d /tmp/fluxsim-cli-XXXXXX)
+. "$(dirname "$0")/lib.sh"
+tmpdir cli
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-pass=0; fail=0
 check() { # name, expected-substring, args...
   local name=$1 want=$2; shift 2
   local out="$T/out-$name.h5"
@@ -14,13 +11,13 @@ check() { # name, expected-substring, args...
   local lines; lines=$(wc -l <"$T/stderr")
   local leftovers; leftovers=$(ls "$T" | grep -c "^out-$name.h5" || true)
   if [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && grep -qF -- "$want" "$T/stderr" && [ "$leftovers" -eq 0 ]; then
-    pass=$((pass + 1)); echo "ok   $name: $(cat "$T/stderr")"
+    ok "$name: $(cat "$T/stderr")"
   else
-    fail=$((fail + 1)); echo "FAIL $name: rc=$rc lines=$lines leftovers=$leftovers want '$want'"; cat "$T/stderr"
+    bad "$name: rc=$rc lines=$lines leftovers=$leftovers want '$want'"; cat "$T/stderr"
   fi
 }
 # a valid tiny model to corrupt: synthetic weights written by python from our own config
-/usr/bin/python3 - "$T" <<'PY' || { echo "FAIL: fixture generation (needs python3-numpy, python3-h5py)"; exit 1; }
+$PY - "$T" <<'PY' || { echo "FAIL: fixture generation (needs python3-numpy, python3-h5py)"; exit 1; }
 import json, struct, sys, os
 import numpy as np
 T = sys.argv[1]
@@ -99,12 +96,10 @@ check bad-grid       "--grid"                  --grid 0x3
 # unwritable dump path: the dump goes to a directory that does not exist
 "$SIM" -q $C --weights "$T/good.safetensors" --dump /nonexistent/dir/out.h5 >/dev/null 2>"$T/stderr"; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] && grep -q "/nonexistent/dir/out.h5" "$T/stderr"; then
-  pass=$((pass + 1)); echo "ok   unwritable-dump: $(cat "$T/stderr")"
-else fail=$((fail + 1)); echo "FAIL unwritable-dump rc=$rc"; cat "$T/stderr"; fi
+  ok "unwritable-dump: $(cat "$T/stderr")"
+else bad "unwritable-dump rc=$rc"; cat "$T/stderr"; fi
 # and the good file really works (so the failures above are about the corruption)
 if "$SIM" -q $C --weights "$T/good.safetensors" --dump "$T/good-out.h5" && [ -f "$T/good-out.h5" ] && ! ls "$T"/good-out.h5.tmp.* 2>/dev/null; then
-  pass=$((pass + 1)); echo "ok   control: the uncorrupted checkpoint runs and dumps"
-else fail=$((fail + 1)); echo "FAIL control run"; fi
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+  ok "control: the uncorrupted checkpoint runs and dumps"
+else bad "control run"; fi
+finish

@@ -11,19 +11,12 @@
 #   * a truncated producer dump is reported partial (exit 2) by flux-oracle and by --inputs and
 #     --check=REF; a reference lacking a tensor the run records, without declaring it, is an
 #     error (exit 2), while the diffusers reference's declared depth<=2 steps are not.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-B=${FLUX_BUILD:-build}
-SIM=$B/flux-sim ORC=$B/flux-oracle PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
+SIM=$B/flux-sim ORC=$B/flux-oracle
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-T=$(mktemp -d /tmp/fluxsim-select-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+tmpdir select
 if ! $PY -c 'import h5py' 2>/dev/null; then
-  echo "*** SKIPPED dump selection: python3-h5py not installed — these tests did NOT run ***"; echo "0 passed, 0 failed"; exit 0
+  skip_all "dump selection: python3-h5py not installed — these tests did NOT run"
 fi
 
 RUN=(--config tiny --steps 3 --grid 4x4 --txt-len 8)
@@ -144,7 +137,6 @@ if [ -d "$ref/tiny" ]; then
   if [ $rc -eq 0 ] && grep -q "declares unrecorded" "$T/c.log"; then
     ok "--check=diffusers' dump_fp32.h5 (depth<=2 after step 0, declared): $(grep -o '[0-9]* tensors compared ([^)]*)' "$T/c.log")"
   else bad "--check=diffusers' dump: exit $rc: $(tail -n 2 "$T/c.log")"; fi
-else echo "*** SKIPPED --check against the diffusers reference: $ref not found — did NOT run ***"; fi
+else skip "--check against the diffusers reference: $ref not found — did NOT run"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -9,16 +9,13 @@
 #   FLUX_MUTANTS=N  mutants per base (default 100: 200 files, 400 runs, well under a minute)
 #   FLUX_MUTANT_SEED=S  (default 1)   OR=path/to/flux-oracle (default ${FLUX_BUILD:-build}/flux-oracle)
 # A failing mutant is kept in the temporary directory named in the output.
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 OR=${OR:-${FLUX_BUILD:-build}/flux-oracle}
-SIM=${FLUX_BUILD:-build}/flux-sim
-PY=/usr/bin/python3
 N=${FLUX_MUTANTS:-100}
 SEED=${FLUX_MUTANT_SEED:-1}
-T=$(mktemp -d /tmp/fluxsim-mutants-XXXXXX)
+tmpdir mutants
 if ! $PY -c "import h5py, numpy" 2>/dev/null; then
-  echo "*** SKIPPED mutant tests: python3-h5py/numpy not installed — they did NOT run ***"; rm -rf "$T"; exit 0
+  skip_all "mutant tests: python3-h5py/numpy not installed — they did NOT run"
 fi
 cat >"$T/mini.json" <<'JSON'
 {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 8, "out_channels": null,
@@ -91,6 +88,6 @@ sys.exit(1 if bad else 0)
 PY
 rc=$?
 echo "$((2 * N)) mutants in $(( $(date +%s) - start )) s"
-if [ $rc -eq 0 ]; then echo "ok   every mutant run exited 0/1/2 with at most one stderr line"; rm -rf "$T"; echo "1 passed, 0 failed"
-else echo "FAIL (mutants kept in $T)"; echo "0 passed, 1 failed"; fi
-exit $rc
+if [ $rc -eq 0 ]; then ok "every mutant run exited 0/1/2 with at most one stderr line"
+else bad "(mutants kept in $T)"; T=; fi # T= : the EXIT trap keeps them
+finish
