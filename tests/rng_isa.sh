@@ -4,11 +4,9 @@
 # -v3 (AVX2) and -v4 (AVX-512), each run against the library's scalar reference — where this CPU
 # can run that level; the others are reported as SKIPPED. Then the same loop with
 # -ffp-contract=fast on -v3 must differ: the check can fail, and the flag matters.
-set -u
-cd "$(dirname "$0")/.."
-T=$(mktemp -d /tmp/fluxsim-rng-isa-XXXXXX)
-pass=0; fail=0
-if [ "$(uname -m)" != x86_64 ]; then echo "*** SKIPPED rng_isa.sh: not x86-64 — this test did NOT run ***"; echo "0 passed, 0 failed"; exit 0; fi
+. "$(dirname "$0")/lib.sh"
+tmpdir rng-isa
+if [ "$(uname -m)" != x86_64 ]; then skip_all "rng_isa.sh: not x86-64 — this test did NOT run"; fi
 FLAGS="-O2 -std=c11 -D_GNU_SOURCE -fopenmp -ffp-contract=off -fno-math-errno -fvect-cost-model=dynamic -Isim/base -Isim/backend -Isim/parallel -Isim/weights -Isim/model -Isim/run -Ioracle"
 supports() { # level
   case $1 in
@@ -22,18 +20,16 @@ int main(int c, char **v) { __builtin_cpu_init(); return !(c > 1 && (!strcmp(v[1
 C
 gcc -O1 "$T/cpu.c" -o "$T/cpu" || { echo "FAIL cannot build the CPU probe"; exit 1; }
 for m in x86-64 x86-64-v2 x86-64-v3 x86-64-v4; do
-  if ! supports $m; then echo "*** SKIPPED -march=$m: this CPU cannot run it — this level did NOT run ***"; continue; fi
-  if ! gcc $FLAGS -march=$m tests/rng/isa_check.c build/libfluxsim.a -lm -o "$T/isa_$m" 2>"$T/cc.log"; then
-    fail=$((fail + 1)); echo "FAIL -march=$m: compile"; head -5 "$T/cc.log"; continue
+  if ! supports $m; then skip "-march=$m: this CPU cannot run it — this level did NOT run"; continue; fi
+  if ! gcc $FLAGS -march=$m tests/rng/isa_check.c "$B/libfluxsim.a" -lm -o "$T/isa_$m" 2>"$T/cc.log"; then
+    bad "-march=$m: compile"; head -5 "$T/cc.log"; continue
   fi
-  if out=$("$T/isa_$m"); then pass=$((pass + 1)); echo "ok   -march=$m: $out"
-  else fail=$((fail + 1)); echo "FAIL -march=$m: $out"; fi
+  if out=$("$T/isa_$m"); then ok "-march=$m: $out"
+  else bad "-march=$m: $out"; fi
 done
 if supports x86-64-v3; then
-  gcc ${FLAGS/-ffp-contract=off/-ffp-contract=fast} -DEXPECT_DIFFERENT -march=x86-64-v3 tests/rng/isa_check.c build/libfluxsim.a -lm -o "$T/isa_fma"
-  if out=$("$T/isa_fma"); then pass=$((pass + 1)); echo "ok   -march=x86-64-v3 -ffp-contract=fast differs, as it must: $out"
-  else fail=$((fail + 1)); echo "FAIL -ffp-contract=fast did not change any value: the comparison cannot fail? $out"; fi
+  gcc ${FLAGS/-ffp-contract=off/-ffp-contract=fast} -DEXPECT_DIFFERENT -march=x86-64-v3 tests/rng/isa_check.c "$B/libfluxsim.a" -lm -o "$T/isa_fma"
+  if out=$("$T/isa_fma"); then ok "-march=x86-64-v3 -ffp-contract=fast differs, as it must: $out"
+  else bad "-ffp-contract=fast did not change any value: the comparison cannot fail? $out"; fi
 fi
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
