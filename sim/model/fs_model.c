@@ -242,12 +242,14 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     /* the global [N, K] from the parameter list; W holds this rank's piece of it */
     const fs_param_desc *pd = &c->m->w->desc[fs_param_find(c->m->w->desc, c->m->w->n, wn)];
     fs_tp_split sp;
-    int rc = fs_tp_split_of(plan, &c->m->cfg, name, pd->shape[0], pd->shape[1], c->tp, c->tp_rank, inj, &sp, c->e);
+    fs_inject_linear wrong; /* what --inject changes beyond the split (all zero without it) */
+    int rc = fs_tp_split_of_injected(plan, &c->m->cfg, name, pd->shape[0], pd->shape[1], c->tp, c->tp_rank, inj, &sp,
+                                     &wrong, c->e);
     if (rc) return rc;
     const int64_t Ny = sp.r1 - sp.r0, Kl = fs_tp_split_cols(&sp);
-    /* the input is this rank's Kl features — or, for an input that arrives whole, all K of them,
-     * of which the rank reads its columns */
-    const int64_t kexp = sp.input_replicated ? sp.K : Kl;
+    /* the input is this rank's Kl features — or, for an input that arrives whole (--inject
+     * adaln-sharded), all K of them, of which the rank reads its columns */
+    const int64_t kexp = wrong.input_whole ? sp.K : Kl;
     char s1[64], s2[64];
     if (Kx != kexp || W->shape[0] != Ny || W->shape[1] != Kl)
         return fs_errf(c->e, FS_E_INPUT, "%s (%s over %d ranks): input %s does not match weight %s (expects %lld local inputs)",
@@ -257,14 +259,14 @@ static int linear(ctx *c, const fs_tensor *x, const char *name, int stream, fs_t
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = Ny;
     if ((rc = (Kl > 0 ? new_out : new_tensor)(c, y, x->ndim, shape))) return rc; /* K = 0: zeros, kept explicit */
-    const void *A = sp.input_replicated ? (const char *)x->data + (size_t)sp.c[0][0] * fs_dtype_size(c->dt) : x->data;
+    const void *A = wrong.input_whole ? (const char *)x->data + (size_t)sp.c[0][0] * fs_dtype_size(c->dt) : x->data;
     if (!sp.reduce) { /* replicate, colwise: one GEMM with the bias */
         TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, b->data, y->data, Ny, c->e));
     } else { /* rowwise, packed_rowwise: this rank's partial sum, all-reduced, then the bias once */
         TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, NULL, y->data, Ny, c->e));
-        if (sp.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e)); /* --inject rowwise-bias-every-rank */
+        if (wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e)); /* --inject rowwise-bias-every-rank */
         TRY(fs_allreduce_sum_t(&c->par->g_tp, y, c->e));
-        if (!sp.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e));
+        if (!wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e));
     }
     if (used) *used = sp;
     TRY(REC(y, stream, feat(&sp), "%s", name));

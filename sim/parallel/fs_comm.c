@@ -44,6 +44,7 @@ int fs_comm_init(int *argc, char ***argv, fs_err *e)
         we_initialised = 1;
     }
     world.h = malloc(sizeof(MPI_Comm));
+    if (!world.h) return fs_errf(e, FS_E_NOMEM, "out of memory for the world communicator's handle");
     MPI_Comm_dup(MPI_COMM_WORLD, (MPI_Comm *)world.h);
     MPI_Comm_rank(COMM(&world), &world.rank);
     MPI_Comm_size(COMM(&world), &world.size);
@@ -69,19 +70,22 @@ int fs_group_split(const fs_group *parent, int color, int key, fs_group *out, fs
 {
     memset(out, 0, sizeof *out);
     out->h = malloc(sizeof(MPI_Comm));
-    if (!out->h) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    if (!out->h) return fs_errf(e, FS_E_NOMEM, "out of memory for a communicator handle (split of color %d)", color);
     MPI_Comm_split(COMM(parent), color, key, (MPI_Comm *)out->h);
     MPI_Comm_rank(COMM(out), &out->rank);
     MPI_Comm_size(COMM(out), &out->size);
     return FS_OK;
 }
 
-void fs_group_self(fs_group *out)
+int fs_group_self(fs_group *out, fs_err *e)
 {
+    memset(out, 0, sizeof *out);
     out->h = malloc(sizeof(MPI_Comm));
+    if (!out->h) return fs_errf(e, FS_E_NOMEM, "out of memory for the self communicator's handle");
     MPI_Comm_dup(MPI_COMM_SELF, (MPI_Comm *)out->h);
     out->rank = 0;
     out->size = 1;
+    return FS_OK;
 }
 
 int fs_group_node_size(const fs_group *g)
@@ -129,6 +133,7 @@ static int stage_open(const fs_tensor *t, int64_t off, int64_t n, int fill, stag
         return FS_OK;
     }
     fs_backend *be = t->be;
+    s->p = NULL; /* a failed host_alloc need not set it: the error path frees only what it got */
     int rc = be->host_alloc(be, bytes ? bytes : 1, &s->p, e);
     if (!rc && fill && bytes) rc = be->download2d(be, s->p, bytes, src, bytes, bytes, 1, e);
     if (rc) {
@@ -158,7 +163,7 @@ static int stage_close(const fs_tensor *t, int64_t off, int64_t n, int back, sta
 static int to_int(const int64_t *v, int n, int **out, fs_err *e)
 {
     *out = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    if (!*out) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    if (!*out) return fs_errf(e, FS_E_NOMEM, "out of memory for %d MPI counts", n);
     for (int i = 0; i < n; i++) {
         if (v[i] < 0 || v[i] > INT32_MAX) {
             free(*out);
@@ -319,7 +324,7 @@ int fs_ring_start(const fs_group *g, const fs_tensor *send, int64_t n, int dst, 
     if (!r) {
         stage_close(send, 0, n, 0, &ss, e);
         stage_close(recv, 0, m, 0, &sr, e);
-        return fs_errf(e, FS_E_NOMEM, "out of memory");
+        return fs_errf(e, FS_E_NOMEM, "ring p2p: out of memory for the request handles");
     }
     count(FS_COMM_RING_P2P, n * (int64_t)fs_dtype_size(send->dtype));
     MPI_Irecv(sr.p, (int)m, mpi_type(recv->dtype), src, tag, COMM(g), &r[0]);

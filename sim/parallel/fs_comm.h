@@ -36,8 +36,9 @@ const fs_group *fs_comm_world(void);
 /* Split `parent` by color; ranks ordered by key. */
 int fs_group_split(const fs_group *parent, int color, int key, fs_group *out, fs_err *e);
 void fs_group_free(fs_group *g);
-/* A group of one: this rank alone (for degrees of 1). */
-void fs_group_self(fs_group *out);
+/* A group of one: this rank alone (for degrees of 1). FS_E_NOMEM when its handle cannot be
+ * allocated. */
+int fs_group_self(fs_group *out, fs_err *e);
 /* How many ranks of g run on this rank's machine (share its memory); collective over g. */
 int fs_group_node_size(const fs_group *g);
 

@@ -42,7 +42,7 @@ typedef struct fs_inject {
 } fs_inject;
 
 /* Set when nan-rank actually planted its NaN (a spec naming no module, step or rank of the run
- * must not look like a clean pass); fs_inject_after_run counts it as nan-rank's fired bit. */
+ * must not look like a clean pass); fs_inject_fired_mask counts it as nan-rank's fired bit. */
 extern int fs_inject_nan_fired;
 
 /* Adds one `--inject` spec ("proj-out-contiguous", "nan-rank:1:transformer_blocks.0.attn.to_q:0"). */
@@ -51,41 +51,56 @@ static inline int fs_injected(const fs_inject *in, fs_inj_id id) { return in && 
 /* The catalogue, one line per bug: name, what it does, where it comes from. */
 const char *fs_inject_catalogue(void);
 
-/* ---- Honesty: an injection that cannot act is refused, one that never acted is not a pass ----
+/* ---- THE table: one entry per bug (fs_inject.c) ----
  *
- * fs_inject.c holds ONE table saying, for every bug, what its hook needs to act (TP, Ulysses,
- * ring, p2p rotation, sequence parallelism, 2+ ranks, a guidance model, RANK/STEP inside the
- * run) and what it needs to change a result once it acts (uneven shards, more than one head,
- * ids that move, a non-zero value), and where it shows. */
-struct fs_par;
-struct fs_config;
-struct fs_inputs;
-struct fs_group;
-/* Before any compute: FS_E_INPUT (exit 2), one line, when an armed injection "cannot fire under"
- * this layout, or "fires but cannot change anything under" this layout and shape; the line says
- * why and names the layouts where the bug shows. Every rank reaches the same verdict from the
- * same replicated data (layout, partition, config, ids, step count), except the value checks of
- * the *-temp-bcast bugs, made on world rank 0 alone — under those injections only rank 0 holds
- * the broadcast values — which the CLI's agreement on the exit code makes every rank's. */
-int fs_inject_refuse(const fs_inject *in, const struct fs_par *p, const struct fs_config *c,
-                     const struct fs_inputs *inp, fs_err *e);
+ * What each bug's hook needs to act (TP, Ulysses, ring, p2p rotation, sequence parallelism,
+ * 2+ ranks, a guidance model, RANK/STEP inside the run), what it needs to change a result once
+ * it acts (uneven shards, more than one head, ids that move, a non-zero value), and where it
+ * shows. The validator that reads it against a layout (refusal before the run, "never fired"
+ * after it) lives above the model, in sim/run/fs_inject_check.h: it needs the inputs, the
+ * partition and the collectives, and this header stays a leaf every layer can include. */
+enum fs_inj_need {
+    /* what the hook needs to act at all ("cannot fire" without it) ... */
+    FS_INJ_NEEDS_RANKS2 = 1u << 0, /* 2+ ranks: the inputs are broadcast (a single rank broadcasts nothing) */
+    FS_INJ_NEEDS_TP = 1u << 1,     /* --tp >= 2: the TP plan is consulted */
+    FS_INJ_NEEDS_ULY = 1u << 2,    /* --ulysses >= 2: the all-to-alls exist */
+    FS_INJ_NEEDS_RING = 1u << 3,   /* --ring >= 2: ring attention and its merge exist */
+    FS_INJ_NEEDS_P2P = 1u << 4,    /* --ring-rotate p2p: a receive is outstanding while computing */
+    FS_INJ_NEEDS_SP = 1u << 5,     /* --ulysses or --ring >= 2: the sequence is split */
+    FS_INJ_NEEDS_GUID = 1u << 6,   /* a model with a guidance embedder: the guidance is broadcast */
+    FS_INJ_NEEDS_AT = 1u << 7,     /* RANK < ranks and STEP < --steps (nan-rank, fail-rank) */
+    /* ... and what it needs to change a result once it acts ("fires but changes nothing") */
+    FS_INJ_MATTERS_RING_UNEVEN = 1u << 8, /* ring chunks of unequal length: something is padded */
+    FS_INJ_MATTERS_ULY_UNEVEN = 1u << 9,  /* Ulysses shards of unequal length in some group */
+    FS_INJ_MATTERS_MULTIHEAD = 1u << 10,  /* > 1 head and > 1 query token per ring attention: (B,S,H) != (B,H,S) */
+    FS_INJ_MATTERS_IDS_MOVE = 1u << 11,   /* some rank's ids differ from the sequence start's */
+    FS_INJ_MATTERS_VALUE = 1u << 12,      /* the broadcast value is not all zeros (checked on rank 0) */
+    /* the hook reports firing (fs_inject_fire): checked again after the run */
+    FS_INJ_REPORTS = 1u << 13,
+};
+typedef struct fs_inject_info {
+    const char *name, *what, *source;
+    unsigned needs; /* enum fs_inj_need bits */
+    const char *shows;
+} fs_inject_info;
+const fs_inject_info *fs_inject_info_of(fs_inj_id id);
+
 /* A hook whose bug acted on this rank says so (idempotent). */
 void fs_inject_fire(fs_inj_id id);
-/* After a run that did not diverge, on every rank (a collective over `world`): an armed injection
- * that fired on no rank is FS_E_INPUT ("never fired"), never a clean OK. Covers every bug whose
- * hook reports (fs_inject_fire, nan-rank's flag; fail-rank would have ended the job); for
- * timestep-/guidance-temp-bcast and rope-local-pos, whose hooks (fs_sampler.c) act whenever the
- * layout lets them, the table's check before the run is exact. */
-int fs_inject_after_run(const fs_inject *in, const struct fs_group *world, fs_err *e);
+/* The bugs whose hooks acted on this rank so far (bit per fs_inj_id; nan-rank's flag included). */
+unsigned fs_inject_fired_mask(void);
 
 /* ---- Hooks. Each re-creates its bug inside the real code path it belongs to, and is a no-op
- * without --inject; the call sites read as the correct code plus one visible hook. ---- */
-struct fs_tp_split;
-/* The TP split of a Linear (fs_tp_split_of), made wrong: proj-out-contiguous (packed_rowwise cut
- * as contiguous columns), adaln-sharded (AdaLN modulation linears split row-parallel on their
- * replicated input, never all-reduced), missing-allreduce (row-parallel partials used as they
- * are), rowwise-bias-every-rank (the bias added on every rank before the all-reduce). */
-void fs_inject_tp_split(const fs_inject *in, const char *module, int T, int t, struct fs_tp_split *s);
+ * without --inject; the call sites read as the correct code plus one visible hook. The TP
+ * splits' hook is in fs_plan.c, beside the correct split it corrupts (fs_tp_split_of). ---- */
+
+/* What a Linear's forward does differently under the TP injections, beyond the (wrong) split
+ * fs_tp_split_of returns: the injection's own state, never part of the production split. */
+typedef struct fs_inject_linear {
+    int input_whole;        /* adaln-sharded: the input arrives replicated; the rank reads its columns of it */
+    int bias_before_reduce; /* rowwise-bias-every-rank: the bias added on every rank before the all-reduce */
+} fs_inject_linear;
+
 /* The LSE layout the ring code assumes the attention kernel handed back: the kernel's declared
  * one, or — lse-layout, seed 001 — the other one (a layout guessed instead of read). */
 int fs_inject_lse_layout_assumed(const fs_inject *in, int declared);

@@ -192,10 +192,77 @@ fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *mod
     return FS_TP_REPLICATE;
 }
 
+/* AdaLN modulation linears: norm1.linear, norm1_context.linear (double blocks), norm.linear
+ * (single blocks), norm_out.linear. */
+static int is_adaln_linear(const char *m)
+{
+    return strstr(m, "norm1.linear") || strstr(m, "norm1_context.linear") || strstr(m, ".norm.linear") ||
+           !strcmp(m, "norm_out.linear");
+}
+
+/* q, k, v (and the context stream's add_*_proj): what fused-qkv-contiguous cuts (fs_weights.c) */
+static int is_qkv_linear(const char *m)
+{
+    static const char *const tails[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
+                                        "attn.add_v_proj"};
+    size_t ml = strlen(m);
+    for (size_t i = 0; i < FS_ARRAY_LEN(tails); i++) {
+        size_t tl = strlen(tails[i]);
+        if (ml >= tl && !strcmp(m + ml - tl, tails[i])) return 1;
+    }
+    return 0;
+}
+
+/* --inject: the TP split of `module` made wrong on purpose, after the correct one (see
+ * fs_tp_split_of in fs_plan.h); what the forward must do differently goes to *wrong. */
+static void inject_wrong_split(const fs_inject *in, const char *module, int T, int t, fs_tp_split *s,
+                               fs_inject_linear *wrong)
+{
+    if (!in || T < 2) return;
+    if (fs_injected(in, FS_INJ_PROJ_OUT_CONTIGUOUS) && s->style == FS_TP_PACKED_ROWWISE && s->K) {
+        /* seed 000 TP-1: columns [t·K/T, (t+1)·K/T) of the [attn | mlp] input, as if it were one
+         * contiguous row-parallel input; the rank's input is still [attn_t | mlp_t] */
+        s->nc = 1;
+        s->c[0][0] = t * (s->K / T);
+        s->c[0][1] = (t + 1) * (s->K / T);
+        fs_inject_fire(FS_INJ_PROJ_OUT_CONTIGUOUS);
+    }
+    if (fs_injected(in, FS_INJ_ADALN_SHARDED) && s->style == FS_TP_REPLICATE && is_adaln_linear(module) && s->K &&
+        s->K % T == 0) {
+        s->style = FS_TP_ROWWISE; /* each rank its slice of SiLU(temb) and of W's columns ... */
+        s->nc = 1;
+        s->c[0][0] = t * (s->K / T);
+        s->c[0][1] = (t + 1) * (s->K / T);
+        wrong->input_whole = 1; /* ... read from the whole, replicated input ... */
+        s->reduce = 0;          /* ... and no all-reduce: every rank modulates with its own partial sum */
+        fs_inject_fire(FS_INJ_ADALN_SHARDED);
+    }
+    if (fs_injected(in, FS_INJ_MISSING_ALLREDUCE) && s->reduce) {
+        s->reduce = 0; /* partial + bias, as is */
+        fs_inject_fire(FS_INJ_MISSING_ALLREDUCE);
+    }
+    if (fs_injected(in, FS_INJ_ROWWISE_BIAS_EVERY_RANK) && s->reduce) {
+        wrong->bias_before_reduce = 1;
+        fs_inject_fire(FS_INJ_ROWWISE_BIAS_EVERY_RANK);
+    }
+    /* fused-qkv-contiguous cuts the weights themselves (fs_weights_shard): it acts on exactly the
+     * q/k/v Linears the plan splits colwise */
+    if (fs_injected(in, FS_INJ_FUSED_QKV_CONTIGUOUS) && s->style == FS_TP_COLWISE && is_qkv_linear(module))
+        fs_inject_fire(FS_INJ_FUSED_QKV_CONTIGUOUS);
+}
+
 int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T, int t,
                    const fs_inject *inj, fs_tp_split *s, fs_err *e)
 {
+    fs_inject_linear ignored;
+    return fs_tp_split_of_injected(p, c, module, N, K, T, t, inj, s, &ignored, e);
+}
+
+int fs_tp_split_of_injected(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T,
+                            int t, const fs_inject *inj, fs_tp_split *s, fs_inject_linear *wrong, fs_err *e)
+{
     int64_t widths[2] = {0, 0};
+    *wrong = (fs_inject_linear){0};
     *s = (fs_tp_split){.style = FS_TP_REPLICATE, .N = N, .K = K, .r0 = 0, .r1 = N, .nc = 1, .c = {{0, K}}};
     if (T > 1) s->style = fs_plan_lookup(p, c, module, widths, NULL);
     switch (s->style) {
@@ -230,6 +297,6 @@ int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int
         break;
     }
     }
-    fs_inject_tp_split(inj, module, T, t, s); /* --inject: the wrong split, on purpose */
+    inject_wrong_split(inj, module, T, t, s, wrong); /* --inject: the wrong split, on purpose */
     return FS_OK;
 }

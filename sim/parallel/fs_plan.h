@@ -67,14 +67,21 @@ typedef struct fs_tp_split {
     int64_t c[2][2];
     int bias_sharded;     /* colwise: the bias follows the rows; else the whole bias */
     int reduce;           /* partial sums all-reduced over the TP group, then the bias, once */
-    int input_replicated; /* the input arrives whole; the rank takes its columns itself */
-    int bias_before_reduce; /* (only under --inject rowwise-bias-every-rank) */
 } fs_tp_split;
 /* K = 0 (a bias on its own): rows only. `inj` (NULL: none) lets --inject re-create the wrong
- * splits people write (fs_inject_tp_split): applied here, after the correct split, in one
- * visible hook. */
+ * splits people write, applied here after the correct split in one visible hook:
+ * proj-out-contiguous (packed_rowwise cut as contiguous columns), adaln-sharded (AdaLN
+ * modulation linears split row-parallel on their replicated input, never all-reduced),
+ * missing-allreduce (row-parallel partials used as they are), rowwise-bias-every-rank (the bias
+ * added on every rank before the all-reduce); fused-qkv-contiguous reports here, on the q/k/v
+ * Linears it cuts (the cut itself is fs_weights_shard's). */
 int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T, int t,
                    const fs_inject *inj, fs_tp_split *s, fs_err *e);
+/* fs_tp_split_of, and in *wrong what those injections change in the Linear's forward beyond its
+ * split (all zero without them): the injection's own state, which the production split does
+ * not carry. For the code that runs the forward (linear() in fs_model.c). */
+int fs_tp_split_of_injected(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T,
+                            int t, const fs_inject *inj, fs_tp_split *s, fs_inject_linear *wrong, fs_err *e);
 /* Input features this rank's piece of the weight holds (sum of the column intervals). */
 static inline int64_t fs_tp_split_cols(const fs_tp_split *s)
 {

@@ -41,14 +41,48 @@ static int copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t 
 
 /* ---------------------------------------------------------------- ring */
 
+/* The K/V chunks of the ring group: member j's token count n[j] and its offset off[j] in the
+ * gathered sequence; maxn, the longest. */
+typedef struct ring_chunks {
+    int64_t *n, *off, total, maxn;
+} ring_chunks;
+
+static int ring_chunks_make(const fs_par *p, ring_chunks *ch, fs_err *e)
+{
+    const int R = p->ring;
+    *ch = (ring_chunks){0};
+    if (!(ch->n = malloc(sizeof(int64_t) * 2 * (size_t)R)))
+        return fs_errf(e, FS_E_NOMEM, "ring attention: out of memory for %d chunk sizes", R);
+    ch->off = ch->n + R;
+    for (int j = 0; j < R; j++) {
+        ch->n[j] = fs_seqpar_ring_chunk(p, j);
+        if (ch->n[j] > ch->maxn) ch->maxn = ch->n[j];
+    }
+    return FS_OK;
+}
+
+static void ring_chunks_place(ring_chunks *ch, int R)
+{
+    ch->total = 0;
+    for (int j = 0; j < R; j++) {
+        ch->off[j] = ch->total;
+        ch->total += ch->n[j];
+    }
+}
+
 /* --inject seq-uneven-chunk (seed 002): every ring chunk treated as if it had the largest
  * chunk's length — this rank's K/V zero-padded to it, and the padding attended like real tokens
  * (K/V gathered "as if equal" with unmasked zero padding). *k, *v are replaced by the padded
- * copies when they are shorter. */
-static int inject_pad_chunk(fs_backend *be, const fs_tensor **k, const fs_tensor **v, int64_t maxn, fs_tensor *kpad,
-                            fs_tensor *vpad, fs_err *e)
+ * copies when they are shorter; every chunk's count becomes the largest. */
+static int inject_pad_chunks(fs_backend *be, ring_chunks *ch, int R, const fs_tensor **k, const fs_tensor **v,
+                             fs_tensor *kpad, fs_tensor *vpad, fs_err *e)
 {
     const fs_tensor *K = *k, *V = *v;
+    const int64_t maxn = ch->maxn;
+    for (int j = 0; j < R; j++) {
+        if (ch->n[j] < maxn) fs_inject_fire(FS_INJ_SEQ_UNEVEN_CHUNK);
+        ch->n[j] = maxn;
+    }
     if (K->shape[1] >= maxn) return FS_OK;
     const int64_t B = K->shape[0], h = K->shape[2], Dh = K->shape[3];
     const size_t es = fs_dtype_size(K->dtype), own = (size_t)(K->shape[1] * h * Dh) * es, pad = (size_t)(maxn * h * Dh) * es;
@@ -75,160 +109,210 @@ static int ring_average(fs_backend *be, fs_tensor *acc, const fs_tensor *oi, fs_
     return rc ? rc : be->axpby(be, acc, (double)k / (k + 1), tmp ? tmp : oi, 1.0 / (k + 1), e);
 }
 
+/* One ring attention in progress: this rank's queries against K/V chunks given one at a time
+ * (ring_step), each partial (out_i, lse_i) merged into the running (acc, lse) with the LSE rule
+ * (ring_merge_partial), the result written to o once at the end (ring_finish). */
+typedef struct ring_state {
+    fs_backend *be;
+    const fs_tensor *q;
+    fs_tensor *o;
+    int64_t B, Sq, h;
+    double scale;
+    /* The kernel writes its LSE in the backend's declared layout; the merge reads [B, H, S]: the
+     * conversion is explicit and uses the declared layout, never a shape (seed 001). `assumed`
+     * is that declared layout — or, under --inject lse-layout, the other one, as code that
+     * guessed it would; `raw` receives the kernel's LSE when a conversion is needed. */
+    fs_lse_layout assumed;
+    int no_lse; /* --inject ring-no-lse: partials averaged, the LSEs ignored */
+    /* The running output acc: o itself, or for bfloat16 the float32 accumulator acc32 —
+     * diffusers' convert_to_fp32=True: each partial (rounded once by the kernel) is upcast and
+     * merged in float32, and the result rounded once at the end (oi32: the upcast partial). */
+    fs_tensor *acc;
+    fs_tensor oi, lse, lsei, raw, acc32, oi32;
+    int have; /* chunks merged into (acc, lse) so far */
+} ring_state;
+
+static void ring_free(ring_state *st)
+{
+    fs_tensor_free(&st->oi);
+    fs_tensor_free(&st->lse);
+    fs_tensor_free(&st->lsei);
+    fs_tensor_free(&st->raw);
+    fs_tensor_free(&st->acc32);
+    fs_tensor_free(&st->oi32);
+}
+
+/* q [B, Sq, h, Dh], o [B, Sq, h, Dh]: the buffers of the running merge. */
+static int ring_start(ring_state *st, const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, fs_err *e)
+{
+    const fs_dtype dt = q->dtype, ldt = dt == FS_F64 ? FS_F64 : FS_F32; /* LSE: float32 (float64 runs: float64) */
+    const int64_t B = q->shape[0], Sq = q->shape[1], h = q->shape[2], Dh = q->shape[3];
+    *st = (ring_state){.be = be, .q = q, .o = o, .B = B, .Sq = Sq, .h = h, .scale = 1.0 / sqrt((double)Dh), .acc = o};
+    st->assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)be->lse_layout); /* --inject lse-layout */
+    st->no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
+    int64_t sl[3] = {B, h, Sq};
+    int rc;
+    if ((rc = alloc4(be, &st->oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc_on(&st->lse, be, ldt, 3, sl, e)) ||
+        (rc = fs_tensor_alloc_on(&st->lsei, be, ldt, 3, sl, e)) ||
+        (st->assumed != FS_LSE_BHS && (rc = fs_tensor_alloc_on(&st->raw, be, ldt, 3, sl, e))))
+        return rc;
+    if (dt != ldt) {
+        if ((rc = alloc4(be, &st->acc32, ldt, B, Sq, h, Dh, e)) || (rc = alloc4(be, &st->oi32, ldt, B, Sq, h, Dh, e)))
+            return rc;
+        st->acc = &st->acc32;
+    }
+    return FS_OK;
+}
+
+/* The partial in (oi, lsei) folded into the running (acc, lse); the first partial is the
+ * running state itself (already in o, or upcast into the accumulator). */
+static int ring_merge_partial(ring_state *st, fs_err *e)
+{
+    fs_backend *be = st->be;
+    const int separate_acc = st->acc != st->o;
+    if (!st->have) return separate_acc ? be->convert(be, st->acc, &st->oi, e) : FS_OK;
+    if (st->no_lse) /* --inject ring-no-lse */
+        return ring_average(be, st->acc, &st->oi, separate_acc ? &st->oi32 : NULL, st->have, e);
+    return be->ring_merge(be, st->acc, &st->lse, &st->oi, &st->lsei, e);
+}
+
+/* Attention of the queries against one K/V chunk [B, n, h, Dh], merged in. An empty chunk, or
+ * no queries, contributes nothing. */
+static int ring_step(ring_state *st, const fs_tensor *kc, const fs_tensor *vc, fs_err *e)
+{
+    if (kc->shape[1] == 0 || st->Sq == 0) return FS_OK;
+    fs_backend *be = st->be;
+    /* the first partial goes straight into o and lse when o is the accumulator */
+    fs_tensor *out = st->have || st->acc != st->o ? &st->oi : st->o, *lse = st->have ? &st->lsei : &st->lse;
+    int rc = be->attention(be, out, st->assumed == FS_LSE_BHS ? lse : &st->raw, st->q, kc, vc, st->scale, e);
+    if (!rc && st->assumed != FS_LSE_BHS)
+        rc = be->lse_convert(be, lse, FS_LSE_BHS, &st->raw, st->assumed, st->B, st->h, st->Sq, e);
+    if (!rc) rc = ring_merge_partial(st, e);
+    if (!rc) st->have++;
+    return rc;
+}
+
+/* The merged result into o: out.to(query.dtype), one rounding. */
+static int ring_finish(ring_state *st, fs_err *e)
+{
+    if (st->Sq == 0) return FS_OK;
+    if (!st->have) return fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
+    return st->acc != st->o ? st->be->convert(st->be, st->o, st->acc, e) : FS_OK;
+}
+
+/* Rotation by all-gather, as diffusers does: gather every member's K/V, each as its own
+ * [B, n_j, h, Dh] block, then visit chunk (r + i) mod R. */
+static int ring_visit_allgathered(const fs_par *p, ring_state *st, const ring_chunks *ch, const fs_tensor *k,
+                                  const fs_tensor *v, fs_err *e)
+{
+    const int R = p->ring, r = p->r_rank;
+    fs_backend *be = st->be;
+    const fs_dtype dt = k->dtype;
+    const int64_t B = k->shape[0], h = k->shape[2], Dh = k->shape[3], row = h * Dh; /* elements per token */
+    const size_t es = fs_dtype_size(dt);
+    fs_tensor kall = {0}, vall = {0};
+    int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)R), *dsp = cnt ? cnt + R : NULL;
+    if (!cnt) return fs_errf(e, FS_E_NOMEM, "ring attention: out of memory for %d all-gather counts", R);
+    for (int j = 0; j < R; j++) {
+        cnt[j] = B * ch->n[j] * row;
+        dsp[j] = B * ch->off[j] * row;
+    }
+    int rc;
+    if ((rc = alloc4(be, &kall, dt, 1, B * ch->total, h, Dh, e)) || (rc = alloc4(be, &vall, dt, 1, B * ch->total, h, Dh, e)) ||
+        (rc = fs_allgatherv_t(&p->g_r, k, &kall, cnt, dsp, e)) || (rc = fs_allgatherv_t(&p->g_r, v, &vall, cnt, dsp, e)))
+        goto out;
+    for (int i = 0; i < R && !rc; i++) {
+        const int j = (r + i) % R;
+        int64_t s4[4] = {B, ch->n[j], h, Dh};
+        fs_tensor kj = fs_tensor_reshape(&kall, 4, s4), vj = kj;
+        kj.data = (char *)kall.data + (size_t)(dsp[j]) * es;
+        vj.data = (char *)vall.data + (size_t)(dsp[j]) * es;
+        rc = ring_step(st, &kj, &vj, e);
+    }
+out:
+    free(cnt);
+    fs_tensor_free(&kall);
+    fs_tensor_free(&vall);
+    return rc;
+}
+
+/* Rotation point-to-point: at step i this rank holds chunk (r - i) mod R in buffer `cur`; it
+ * sends it to r+1 and receives chunk (r - i - 1) mod R from r-1 into the other buffer while it
+ * computes on the current one. */
+static int ring_visit_p2p(const fs_par *p, ring_state *st, const ring_chunks *ch, const fs_tensor *k,
+                          const fs_tensor *v, fs_err *e)
+{
+    const int R = p->ring, r = p->r_rank;
+    fs_backend *be = st->be;
+    const fs_dtype dt = k->dtype;
+    const int64_t B = k->shape[0], h = k->shape[2], Dh = k->shape[3], row = h * Dh, maxn = ch->maxn;
+    fs_tensor kb[2] = {{0}}, vb[2] = {{0}}, stale_k = {0}, stale_v = {0};
+    int rc = FS_OK;
+    for (int b = 0; b < 2; b++)
+        if ((rc = alloc4(be, &kb[b], dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &vb[b], dt, B, maxn, h, Dh, e))) goto out;
+    const size_t kn = fs_tensor_nbytes(k), vn = fs_tensor_nbytes(v);
+    if ((rc = copy2d(be, kb[0].data, kn, k->data, kn, kn, 1, e)) || (rc = copy2d(be, vb[0].data, vn, v->data, vn, vn, 1, e)))
+        goto out;
+    /* --inject overlap-early-read: the chunk is read before its Irecv completed; made
+     * deterministic by reading a snapshot of the receive buffer taken when it was posted */
+    const int early = fs_injected(p->inject, FS_INJ_OVERLAP_EARLY_READ);
+    if (early && ((rc = alloc4(be, &stale_k, dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &stale_v, dt, B, maxn, h, Dh, e))))
+        goto out;
+    for (int i = 0, cur = 0; i < R; i++, cur = 1 - cur) {
+        const int j = ((r - i) % R + R) % R, jn = ((r - i - 1) % R + R) % R;
+        fs_ring_req rk = {0}, rv = {0};
+        if (i < R - 1) {
+            const size_t sn = fs_tensor_nbytes(&stale_k);
+            if (early && ((rc = copy2d(be, stale_k.data, sn, kb[1 - cur].data, sn, sn, 1, e)) ||
+                          (rc = copy2d(be, stale_v.data, sn, vb[1 - cur].data, sn, sn, 1, e))))
+                goto out;
+            if ((rc = fs_ring_start(&p->g_r, &kb[cur], B * ch->n[j] * row, (r + 1) % R, &kb[1 - cur], B * ch->n[jn] * row,
+                                    (r - 1 + R) % R, 2 * i, &rk, e)) ||
+                (rc = fs_ring_start(&p->g_r, &vb[cur], B * ch->n[j] * row, (r + 1) % R, &vb[1 - cur], B * ch->n[jn] * row,
+                                    (r - 1 + R) % R, 2 * i + 1, &rv, e)))
+                goto out; /* the CLI ends the job: a peer may be inside the exchange */
+        }
+        const int read_stale = i > 0 && early; /* --inject overlap-early-read */
+        if (read_stale) fs_inject_fire(FS_INJ_OVERLAP_EARLY_READ);
+        int64_t s4[4] = {B, ch->n[j], h, Dh};
+        fs_tensor kj = fs_tensor_reshape(read_stale ? &stale_k : &kb[cur], 4, s4),
+                  vj = fs_tensor_reshape(read_stale ? &stale_v : &vb[cur], 4, s4);
+        rc = ring_step(st, &kj, &vj, e);
+        /* the exchange is waited for even when the step failed: its buffers are freed below */
+        int rc1 = fs_ring_wait(&rk, e), rc2 = fs_ring_wait(&rv, e);
+        if ((rc = rc ? rc : rc1 ? rc1 : rc2)) goto out;
+    }
+out:
+    for (int b = 0; b < 2; b++) {
+        fs_tensor_free(&kb[b]);
+        fs_tensor_free(&vb[b]);
+    }
+    fs_tensor_free(&stale_k);
+    fs_tensor_free(&stale_v);
+    return rc;
+}
+
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
  * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. */
 static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
                           const fs_tensor *v, fs_err *e)
 {
-    const int R = p->ring, r = p->r_rank;
-    const fs_dtype dt = q->dtype;
-    const int64_t B = q->shape[0], Sq = q->shape[1], h = q->shape[2], Dh = q->shape[3];
-    const double scale = 1.0 / sqrt((double)Dh);
-    const size_t es = fs_dtype_size(dt);
-    const int64_t row = h * Dh; /* elements per token */
-    int64_t *n = malloc(sizeof(int64_t) * 2 * (size_t)R), *off = n + R, total = 0, maxn = 0;
-    if (!n) return fs_errf(e, FS_E_NOMEM, "out of memory");
-    int rc = FS_OK;
-    for (int j = 0; j < R; j++) {
-        n[j] = fs_seqpar_ring_chunk(p, j);
-        if (n[j] > maxn) maxn = n[j];
-    }
-    const int as_equal = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK);
+    ring_chunks ch;
+    ring_state st = {0};
     fs_tensor kpad = {0}, vpad = {0};
-    if (as_equal && (rc = inject_pad_chunk(be, &k, &v, maxn, &kpad, &vpad, e))) { /* --inject seq-uneven-chunk */
-        free(n);
-        return rc;
-    }
-    for (int j = 0; j < R; j++) {
-        if (as_equal && n[j] < maxn) fs_inject_fire(FS_INJ_SEQ_UNEVEN_CHUNK);
-        if (as_equal) n[j] = maxn;
-        off[j] = total;
-        total += n[j];
-    }
-    /* The kernel writes its LSE in the backend's declared layout; the merge reads [B, H, S]: the
-     * conversion is explicit and uses the declared layout, never a shape (seed 001). --inject
-     * lse-layout assumes the other layout instead, as code that guessed it would. */
-    const fs_lse_layout native = be->lse_layout,
-                        assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)native);
-    const fs_dtype ldt = dt == FS_F64 ? FS_F64 : FS_F32; /* LSE: float32 (float64 runs: float64) */
-    /* The running output: o itself, or for bfloat16 a float32 accumulator — diffusers'
-     * convert_to_fp32=True: each partial (rounded once by the kernel) is upcast and merged in
-     * float32, and the result rounded once at the end. */
-    fs_tensor oi = {0}, lse = {0}, lsei = {0}, raw = {0}, kb[2] = {{0}}, vb[2] = {{0}}, sk = {0}, sv = {0}, acc32 = {0},
-              oi32 = {0};
-    fs_tensor *acc = o;
-    int64_t sl[3] = {B, h, Sq};
-    if ((rc = alloc4(be, &oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc_on(&lse, be, ldt, 3, sl, e)) ||
-        (rc = fs_tensor_alloc_on(&lsei, be, ldt, 3, sl, e)) ||
-        (assumed != FS_LSE_BHS && (rc = fs_tensor_alloc_on(&raw, be, ldt, 3, sl, e))))
-        goto out;
-    if (dt != ldt) {
-        if ((rc = alloc4(be, &acc32, ldt, B, Sq, h, Dh, e)) || (rc = alloc4(be, &oi32, ldt, B, Sq, h, Dh, e))) goto out;
-        acc = &acc32;
-    }
-
-    int have = 0; /* chunks merged into (acc, lse) so far */
-    const int no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
-#define VISIT(KT, VT)                                                                                             \
-    do {                                                                                                          \
-        if ((KT)->shape[1] > 0 && Sq > 0) {                                                                       \
-            fs_tensor *ot = have || acc != o ? &oi : o, *lt = have ? &lsei : &lse;                                \
-            if ((rc = be->attention(be, ot, assumed == FS_LSE_BHS ? lt : &raw, q, (KT), (VT), scale, e))) goto out; \
-            if (assumed != FS_LSE_BHS && (rc = be->lse_convert(be, lt, FS_LSE_BHS, &raw, assumed, B, h, Sq, e)))  \
-                goto out;                                                                                         \
-            if (!have && acc != o)                                                                                \
-                rc = be->convert(be, acc, &oi, e);                                                                \
-            else if (have && no_lse) /* --inject ring-no-lse: partials averaged, the LSEs ignored */              \
-                rc = ring_average(be, acc, &oi, acc != o ? &oi32 : NULL, have, e);                                \
-            else if (have)                                                                                        \
-                rc = be->ring_merge(be, acc, &lse, &oi, &lsei, e);                                                \
-            if (rc) goto out;                                                                                     \
-            have++;                                                                                               \
-        }                                                                                                         \
-    } while (0)
-
-    if (p->rotate == FS_RING_ALLGATHER) {
-        /* diffusers: all_gather the K/V buffers, then visit chunk (r + i) mod R. Each chunk is
-         * gathered as its own [B, n_j, h, Dh] block. */
-        int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)R), *dsp = cnt ? cnt + R : NULL;
-        if (!cnt) {
-            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
-            goto out;
-        }
-        for (int j = 0; j < R; j++) {
-            cnt[j] = B * n[j] * row;
-            dsp[j] = B * off[j] * row;
-        }
-        if ((rc = alloc4(be, &kb[0], dt, 1, B * total, h, Dh, e)) || (rc = alloc4(be, &vb[0], dt, 1, B * total, h, Dh, e)) ||
-            (rc = fs_allgatherv_t(&p->g_r, k, &kb[0], cnt, dsp, e)) || (rc = fs_allgatherv_t(&p->g_r, v, &vb[0], cnt, dsp, e))) {
-            free(cnt);
-            goto out;
-        }
-        free(cnt);
-        for (int i = 0; i < R; i++) {
-            int j = (r + i) % R;
-            int64_t s4[4] = {B, n[j], h, Dh};
-            fs_tensor kj = fs_tensor_reshape(&kb[0], 4, s4), vj = kj;
-            kj.data = (char *)kb[0].data + (size_t)(B * off[j] * row) * es;
-            vj.data = (char *)vb[0].data + (size_t)(B * off[j] * row) * es;
-            VISIT(&kj, &vj);
-        }
-    } else {
-        /* point-to-point: at step i this rank holds chunk (r - i) mod R; it sends it to r+1 and
-         * receives chunk (r - i - 1) mod R from r-1 while it computes on the current one. */
-        for (int b = 0; b < 2; b++)
-            if ((rc = alloc4(be, &kb[b], dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &vb[b], dt, B, maxn, h, Dh, e))) goto out;
-        const size_t kn = fs_tensor_nbytes(k), vn = fs_tensor_nbytes(v);
-        if ((rc = copy2d(be, kb[0].data, kn, k->data, kn, kn, 1, e)) || (rc = copy2d(be, vb[0].data, vn, v->data, vn, vn, 1, e)))
-            goto out;
-        int cur = 0;
-        /* --inject overlap-early-read: the chunk is read before its Irecv completed; made
-         * deterministic by reading a snapshot of the receive buffer taken when it was posted */
-        const int early = fs_injected(p->inject, FS_INJ_OVERLAP_EARLY_READ);
-        if (early && ((rc = alloc4(be, &sk, dt, B, maxn, h, Dh, e)) || (rc = alloc4(be, &sv, dt, B, maxn, h, Dh, e)))) goto out;
-        for (int i = 0; i < R; i++) {
-            int j = ((r - i) % R + R) % R, jn = ((r - i - 1) % R + R) % R;
-            fs_ring_req rk = {0}, rv = {0};
-            if (i < R - 1) {
-                const size_t sn = fs_tensor_nbytes(&sk);
-                if (early && ((rc = copy2d(be, sk.data, sn, kb[1 - cur].data, sn, sn, 1, e)) ||
-                              (rc = copy2d(be, sv.data, sn, vb[1 - cur].data, sn, sn, 1, e))))
-                    goto out;
-                if ((rc = fs_ring_start(&p->g_r, &kb[cur], B * n[j] * row, (r + 1) % R, &kb[1 - cur], B * n[jn] * row,
-                                        (r - 1 + R) % R, 2 * i, &rk, e)) ||
-                    (rc = fs_ring_start(&p->g_r, &vb[cur], B * n[j] * row, (r + 1) % R, &vb[1 - cur], B * n[jn] * row,
-                                        (r - 1 + R) % R, 2 * i + 1, &rv, e)))
-                    goto out; /* the CLI ends the job: a peer may be inside the exchange */
-            }
-            int64_t s4[4] = {B, n[j], h, Dh};
-            if (i > 0 && early) fs_inject_fire(FS_INJ_OVERLAP_EARLY_READ);
-            fs_tensor kj = fs_tensor_reshape(i > 0 && early ? &sk : &kb[cur], 4, s4),
-                      vj = fs_tensor_reshape(i > 0 && early ? &sv : &vb[cur], 4, s4);
-            VISIT(&kj, &vj);
-            int rc1 = fs_ring_wait(&rk, e), rc2 = fs_ring_wait(&rv, e);
-            if ((rc = rc1 ? rc1 : rc2)) goto out;
-            cur = 1 - cur;
-        }
-    }
-#undef VISIT
-    if (!have && Sq > 0) rc = fs_errf(e, FS_E_INTERNAL, "ring attention: no keys at all");
-    else if (acc != o && Sq > 0) rc = be->convert(be, o, acc, e); /* out.to(query.dtype): one rounding */
-out:
-    free(n);
+    int rc = ring_chunks_make(p, &ch, e);
+    if (rc) return rc;
+    if (fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK)) /* --inject seq-uneven-chunk */
+        rc = inject_pad_chunks(be, &ch, p->ring, &k, &v, &kpad, &vpad, e);
+    ring_chunks_place(&ch, p->ring);
+    if (!rc) rc = ring_start(&st, p, be, o, q, e);
+    if (!rc) rc = p->rotate == FS_RING_ALLGATHER ? ring_visit_allgathered(p, &st, &ch, k, v, e)
+                                                 : ring_visit_p2p(p, &st, &ch, k, v, e);
+    if (!rc) rc = ring_finish(&st, e);
+    ring_free(&st);
+    free(ch.n);
     fs_tensor_free(&kpad);
     fs_tensor_free(&vpad);
-    fs_tensor_free(&oi);
-    fs_tensor_free(&lse);
-    fs_tensor_free(&lsei);
-    fs_tensor_free(&raw);
-    fs_tensor_free(&sk);
-    fs_tensor_free(&sv);
-    fs_tensor_free(&acc32);
-    fs_tensor_free(&oi32);
-    for (int b = 0; b < 2; b++) {
-        fs_tensor_free(&kb[b]);
-        fs_tensor_free(&vb[b]);
-    }
     return rc;
 }
 
@@ -242,20 +326,14 @@ static int local_or_ring(const fs_par *p, fs_backend *be, fs_tensor *o, const fs
 
 /* ---------------------------------------------------------------- Ulysses */
 
-/* Token counts of the Ulysses group's members, the tokens each exchanges (its own, or padded
- * under --inject ulysses-uneven-chunk) and their offsets in the gathered sequence. */
-typedef struct uly_plan {
-    int64_t *n, *x, *toff, *sc, *sd, *rc, *rd, S_u;
-} uly_plan;
-
-static int uly_plan_make(const fs_par *p, uly_plan *u, fs_err *e)
+int fs_uly_plan_make(const fs_par *p, fs_uly_plan *u, fs_err *e)
 {
     const int U = p->ulysses;
+    *u = (fs_uly_plan){.U = U, .me = p->u_rank};
     u->n = malloc(sizeof(int64_t) * 7 * (size_t)U);
-    if (!u->n) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    if (!u->n) return fs_errf(e, FS_E_NOMEM, "Ulysses: out of memory for the exchange plan of %d ranks", U);
     u->x = u->n + U, u->toff = u->n + 2 * U, u->sc = u->n + 3 * U, u->sd = u->n + 4 * U, u->rc = u->n + 5 * U,
     u->rd = u->n + 6 * U;
-    u->S_u = 0;
     for (int w = 0; w < U; w++) {
         u->n[w] = tokens_of(p, p->r_rank * U + w);
         u->x[w] = fs_seqpar_uly_block(p, p->r_rank * U + w);
@@ -263,6 +341,100 @@ static int uly_plan_make(const fs_par *p, uly_plan *u, fs_err *e)
         u->toff[w] = u->S_u;
         u->S_u += u->x[w];
     }
+    return FS_OK;
+}
+
+void fs_uly_plan_free(fs_uly_plan *u)
+{
+    free(u->n);
+    *u = (fs_uly_plan){0};
+}
+
+/* ---- Sequence-sharded → head-sharded (before attention) ---- */
+
+void fs_uly_counts_to_heads(fs_uly_plan *u, int64_t B, int64_t hb, int64_t Dh)
+{
+    const int64_t xs = u->x[u->me];
+    for (int w = 0; w < u->U; w++) {
+        u->sc[w] = B * xs * hb * Dh;
+        u->sd[w] = w * u->sc[w];
+        u->rc[w] = B * u->x[w] * hb * Dh;
+        u->rd[w] = B * u->toff[w] * hb * Dh;
+    }
+}
+
+int fs_uly_pack_head_blocks(fs_backend *be, const fs_uly_plan *u, const fs_tensor *x, fs_tensor *send, fs_err *e)
+{
+    const size_t es = fs_dtype_size(x->dtype);
+    const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / u->U, xs = u->x[u->me];
+    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es; /* one token's head block; a token */
+    for (int w = 0; w < u->U; w++) /* block w = [B, xs, hb, Dh] of heads [w·hb, (w+1)·hb) (zero rows past s) */
+        for (int64_t b = 0; b < (xs == s ? 1 : B); b++) { /* one copy when unpadded: the batches are contiguous */
+            int rc = copy2d(be, (char *)send->data + (size_t)(u->sd[w] + b * xs * hb * Dh) * es, blk,
+                            (const char *)x->data + (size_t)(b * s) * xrow + (size_t)w * blk, xrow, blk,
+                            (size_t)(xs == s ? B * s : s), e);
+            if (rc) return rc;
+        }
+    return FS_OK;
+}
+
+int fs_uly_unpack_token_chunks(fs_backend *be, const fs_uly_plan *u, const fs_tensor *recv, const fs_tensor *others,
+                               fs_tensor *y, fs_err *e)
+{
+    const size_t es = fs_dtype_size(y->dtype);
+    const int64_t B = y->shape[0], hb = y->shape[2], Dh = y->shape[3];
+    const size_t blk = (size_t)(hb * Dh) * es;
+    for (int w = 0; w < u->U; w++) { /* source w's [B, x_w, hb, Dh] into tokens [toff_w, +x_w) */
+        const fs_tensor *src = others && w != u->me ? others : recv;
+        int rc = copy2d(be, (char *)y->data + (size_t)u->toff[w] * blk, (size_t)u->S_u * blk,
+                        (const char *)src->data + (size_t)u->rd[w] * es, (size_t)u->x[w] * blk, (size_t)u->x[w] * blk,
+                        (size_t)B, e);
+        if (rc) return rc;
+    }
+    return FS_OK;
+}
+
+/* ---- Head-sharded → sequence-sharded (after attention): the inverse ---- */
+
+void fs_uly_counts_to_tokens(fs_uly_plan *u, int64_t B, int64_t hb, int64_t Dh)
+{
+    const int64_t xs = u->x[u->me];
+    for (int w = 0; w < u->U; w++) {
+        u->sc[w] = B * u->x[w] * hb * Dh;
+        u->sd[w] = B * u->toff[w] * hb * Dh;
+        u->rc[w] = B * xs * hb * Dh;
+        u->rd[w] = w * u->rc[w];
+    }
+}
+
+int fs_uly_pack_token_chunks(fs_backend *be, const fs_uly_plan *u, const fs_tensor *y, fs_tensor *send, fs_err *e)
+{
+    const size_t es = fs_dtype_size(y->dtype);
+    const int64_t B = y->shape[0], hb = y->shape[2], Dh = y->shape[3];
+    const size_t blk = (size_t)(hb * Dh) * es;
+    for (int w = 0; w < u->U; w++) { /* to rank w: its tokens (padded rows included) of my head block */
+        int rc = copy2d(be, (char *)send->data + (size_t)u->sd[w] * es, (size_t)u->x[w] * blk,
+                        (const char *)y->data + (size_t)u->toff[w] * blk, (size_t)u->S_u * blk, (size_t)u->x[w] * blk,
+                        (size_t)B, e);
+        if (rc) return rc;
+    }
+    return FS_OK;
+}
+
+int fs_uly_unpack_head_blocks(fs_backend *be, const fs_uly_plan *u, const fs_tensor *recv, int flip, fs_tensor *x,
+                              fs_err *e)
+{
+    const int U = u->U;
+    const size_t es = fs_dtype_size(x->dtype);
+    const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U, xs = u->x[u->me];
+    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es;
+    for (int w = 0; w < U; w++) /* from rank w: my first s tokens of its head block w */
+        for (int64_t b = 0; b < (xs == s ? 1 : B); b++) {
+            int rc = copy2d(be, (char *)x->data + (size_t)(b * s) * xrow + (size_t)(flip ? U - 1 - w : w) * blk, xrow,
+                            (const char *)recv->data + (size_t)(u->rd[w] + b * xs * hb * Dh) * es, blk, blk,
+                            (size_t)(xs == s ? B * s : s), e);
+            if (rc) return rc;
+        }
     return FS_OK;
 }
 
@@ -279,91 +451,57 @@ static int uly_plan_make(const fs_par *p, uly_plan *u, fs_err *e)
  * zeros); the rank's own block, copied locally at posting as MPI implementations do, is right. */
 static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, int early, fs_err *e)
 {
-    const int U = p->ulysses, me = p->u_rank;
     const fs_dtype dt = x->dtype;
-    const size_t es = fs_dtype_size(dt);
-    const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
-    uly_plan u;
+    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
+    fs_uly_plan u;
     fs_tensor send = {0}, recv = {0}, stale = {0};
-    int rc = uly_plan_make(p, &u, e);
+    int rc = fs_uly_plan_make(p, &u, e);
     if (rc) return rc;
-    const int64_t xs = u.x[me]; /* tokens per block this rank sends: s, or padded */
+    const int64_t xs = u.x[u.me]; /* tokens per block this rank sends: s, or padded */
+    fs_uly_counts_to_heads(&u, B, hb, Dh);
     if ((rc = alloc4(be, y, dt, B, u.S_u, hb, Dh, e)) || (rc = alloc4(be, &send, dt, 1, B * xs, Hl, Dh, e)) ||
-        (rc = alloc4(be, &recv, dt, 1, B * u.S_u, hb, Dh, e)))
+        (rc = alloc4(be, &recv, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = fs_uly_pack_head_blocks(be, &u, x, &send, e)))
         goto out;
-    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es; /* one token's head block; a token */
-    for (int w = 0; w < U; w++) { /* pack: block w = [B, xs, hb, Dh] of heads [w·hb, (w+1)·hb) (zero rows past s) */
-        u.sc[w] = B * xs * hb * Dh;
-        u.sd[w] = w * u.sc[w];
-        u.rc[w] = B * u.x[w] * hb * Dh;
-        u.rd[w] = B * u.toff[w] * hb * Dh;
-        for (int64_t b = 0; b < (xs == s ? 1 : B); b++) /* one copy when unpadded: the batches are contiguous */
-            if ((rc = copy2d(be, (char *)send.data + (size_t)(u.sd[w] + b * xs * hb * Dh) * es, blk,
-                             (const char *)x->data + (size_t)(b * s) * xrow + (size_t)w * blk, xrow, blk,
-                             (size_t)(xs == s ? B * s : s), e)))
-                goto out;
-    }
     if (early) { /* --inject ulysses-early-read: what the receive buffer holds when the exchange is posted */
         const size_t rn = fs_tensor_nbytes(&recv);
         if ((rc = alloc4(be, &stale, dt, 1, B * u.S_u, hb, Dh, e)) ||
             (rc = copy2d(be, stale.data, rn, recv.data, rn, rn, 1, e)))
             goto out;
+        fs_inject_fire(FS_INJ_ULYSSES_EARLY_READ);
     }
     if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
-    for (int w = 0; w < U; w++) { /* unpack: source w's [B, x_w, hb, Dh] into tokens [toff_w, +x_w) */
-        const fs_tensor *src = early && w != me ? &stale : &recv;
-        if (early && w != me) fs_inject_fire(FS_INJ_ULYSSES_EARLY_READ);
-        if ((rc = copy2d(be, (char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk,
-                         (const char *)src->data + (size_t)u.rd[w] * es, (size_t)u.x[w] * blk, (size_t)u.x[w] * blk,
-                         (size_t)B, e)))
-            goto out;
-    }
+    rc = fs_uly_unpack_token_chunks(be, &u, &recv, early ? &stale : NULL, y, e);
 out:
     fs_tensor_free(&send);
     fs_tensor_free(&recv);
     fs_tensor_free(&stale);
-    free(u.n);
+    fs_uly_plan_free(&u);
     return rc;
 }
 
 /* The inverse: head-sharded y [B, S_u, Hl/U, Dh] → sequence-sharded x [B, s_loc, Hl, Dh]. */
 static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e)
 {
-    const int U = p->ulysses, me = p->u_rank;
     const fs_dtype dt = y->dtype;
-    const size_t es = fs_dtype_size(dt);
-    const int64_t B = x->shape[0], s = x->shape[1], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / U;
-    uly_plan u;
+    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
+    fs_uly_plan u;
     fs_tensor send = {0}, recv = {0};
-    int rc = uly_plan_make(p, &u, e);
+    int rc = fs_uly_plan_make(p, &u, e);
     if (rc) return rc;
-    const int64_t xs = u.x[me];
-    if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * xs, Hl, Dh, e))) goto out;
-    const size_t blk = (size_t)(hb * Dh) * es, xrow = (size_t)(Hl * Dh) * es;
-    for (int w = 0; w < U; w++) { /* to rank w: its tokens (padded rows included) of my head block */
-        u.sc[w] = B * u.x[w] * hb * Dh;
-        u.sd[w] = B * u.toff[w] * hb * Dh;
-        u.rc[w] = B * xs * hb * Dh;
-        u.rd[w] = w * u.rc[w];
-        if ((rc = copy2d(be, (char *)send.data + (size_t)u.sd[w] * es, (size_t)u.x[w] * blk,
-                         (const char *)y->data + (size_t)u.toff[w] * blk, (size_t)u.S_u * blk, (size_t)u.x[w] * blk,
-                         (size_t)B, e)))
-            goto out;
-    }
-    if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
+    const int64_t xs = u.x[u.me];
+    fs_uly_counts_to_tokens(&u, B, hb, Dh);
+    if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * xs, Hl, Dh, e)) ||
+        (rc = fs_uly_pack_token_chunks(be, &u, y, &send, e)) ||
+        (rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e)))
+        goto out;
     /* --inject ulysses-head-order: the inverse all-to-all puts head block w back at U-1-w */
     const int flip = fs_injected(p->inject, FS_INJ_ULYSSES_HEAD_ORDER);
     if (flip) fs_inject_fire(FS_INJ_ULYSSES_HEAD_ORDER);
-    for (int w = 0; w < U; w++) /* from rank w: my first s tokens of its head block w */
-        for (int64_t b = 0; b < (xs == s ? 1 : B); b++)
-            if ((rc = copy2d(be, (char *)x->data + (size_t)(b * s) * xrow + (size_t)(flip ? U - 1 - w : w) * blk, xrow,
-                             (const char *)recv.data + (size_t)(u.rd[w] + b * xs * hb * Dh) * es, blk, blk,
-                             (size_t)(xs == s ? B * s : s), e)))
-                goto out;
+    rc = fs_uly_unpack_head_blocks(be, &u, &recv, flip, x, e);
 out:
     fs_tensor_free(&send);
     fs_tensor_free(&recv);
-    free(u.n);
+    fs_uly_plan_free(&u);
     return rc;
 }
 
