@@ -14,17 +14,10 @@
 #     recorded_steps), --modules/--steps narrowing, different models, malformed configs, all-NaN
 #     dumps and empty datasets: the exit codes and messages of docs/oracle.md.
 # Without ../shared/reference everything here is SKIPPED, loudly.
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 OR=${OR:-${FLUX_BUILD:-build}/flux-oracle}
-SIM=${FLUX_BUILD:-build}/flux-sim
-PY=/usr/bin/python3
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-T=$(mktemp -d /tmp/fluxsim-oracle-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-finish() { rm -rf "$T"; echo "$pass passed, $fail failed"; [ $fail -eq 0 ]; exit $?; }
+tmpdir oracle
 
 # expect RC WANT-SUBSTRING LABEL -- args...: exit status and a substring of stdout
 expect() {
@@ -47,8 +40,7 @@ expect_err "unknown command" "bad command" -- nonsense a.h5
 expect_err "takes two files" "diff with one file" -- diff a.h5
 
 if [ ! -d "$ref/tiny" ] || [ ! -d "$ref/odd" ]; then
-  echo "*** SKIPPED flux-oracle reference tests: $ref not found — they did NOT run ***"
-  finish
+  skip_all "flux-oracle reference tests: $ref not found — they did NOT run"
 fi
 R32=$ref/tiny/dump_fp32.h5; R64=$ref/tiny/dump_fp64.h5
 
