@@ -280,8 +280,9 @@ static int diff_pass(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
                                 en->st.max_abs, co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
                                 en->val_a, en->val_b, en->st.cosine);
             if (use_shard) {
-                /* Ranks whose own elements would fail the max-abs criterion; if none alone
-                 * does (a diffuse rel-L2 failure), the owner of the largest difference. */
+                /* Ranks whose own elements would fail the max rel criterion (max|Δ| > mtol ·
+                 * max|B|); if none alone does (a diffuse rel-L2 failure), the owner of the
+                 * largest difference. */
                 double thr = tol.mtol > 0 ? tol.mtol * en->st.max_abs_b : 0.1 * en->st.max_abs;
                 if (thr < tol.atol) thr = tol.atol;
                 for (int r = 0; r < FO_MAX_RANKS; r++)
@@ -324,8 +325,8 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
                           : fo_tolerance_looser(fo_tolerance_default(fo_file_dtype(a)),
                                                 fo_tolerance_default(fo_file_dtype(b)));
     /* the arbiter's multipliers: the dtypes' (bf16: measured, docs/bf16.md), or --multiplier for both */
-    if (r->tol.m_rel <= 0) r->tol.m_rel = 2;
-    if (r->tol.m_max <= 0) r->tol.m_max = 2;
+    r->tol.m_rel = fo_tolerance_m_rel(r->tol);
+    r->tol.m_max = fo_tolerance_m_max(r->tol);
     if (o->multiplier > 0) r->tol.m_rel = r->tol.m_max = o->multiplier;
     r->multiplier = r->tol.m_rel;
     r->with_truth = truth != NULL;

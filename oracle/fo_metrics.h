@@ -28,7 +28,9 @@ typedef struct fo_stats {
                                      judged against (fo_stats_max_rel) */
 } fo_stats;
 
-/* Compare a (the candidate) against b (the reference). n may be 0 (all metrics 0, cosine 1). */
+/* Compare a (the candidate) against b (the reference). n may be 0 (all metrics 0, cosine 1).
+ * It is fo_acc over one block (below): one implementation of every metric, whether the data is
+ * held whole (flux-sim --check) or streamed (flux-oracle diff). */
 void fo_compare(const double *a, const double *b, int64_t n, fo_stats *s);
 
 /* max|a-b| / max|b|: a per-element criterion that, unlike rel_l2, does not dilute a single bad
@@ -41,8 +43,9 @@ static inline double fo_stats_max_rel(const fo_stats *s)
 
 /* Streaming form of fo_compare, for datasets read block by block: fo_acc_add the blocks in flat
  * order, then fo_acc_finish. Sums are kept in long double, whose exponent range holds the square
- * of any finite double, so no overflow rescue pass (which would need the data twice) is needed;
- * the results equal fo_compare's to rounding. Initialise with fo_acc_init. */
+ * of any finite double, so no overflow rescue pass (which would need the data twice) is needed.
+ * fo_compare is this over one block, so the results differ from its only by the order of the
+ * sums (the block cuts). Initialise with fo_acc_init. */
 typedef struct fo_acc {
     fo_stats s;
     long double saa, sbb, sdd, sab;

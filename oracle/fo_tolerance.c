@@ -55,7 +55,7 @@ int fo_tolerance_pass(const fo_stats *s, fo_tolerance t)
 
 int fo_tolerance_arbiter(const fo_stats *cand, const fo_stats *base, fo_tolerance t)
 {
-    const double mr = t.m_rel > 0 ? t.m_rel : 2, mm = t.m_max > 0 ? t.m_max : 2;
+    const double mr = fo_tolerance_m_rel(t), mm = fo_tolerance_m_max(t);
     if (cand->n_nonfinite_mismatch > base->n_nonfinite_mismatch) return 0;
     if (cand->max_abs <= t.atol) return 1;
     if (!(cand->rel_l2 <= mr * base->rel_l2 + t.rtol / 10)) return 0;

@@ -45,5 +45,9 @@ int fo_tolerance_pass(const fo_stats *s, fo_tolerance t);
  * flux-sim's own bf16 emulation as the baseline: the multipliers and floors of
  * fo_tolerance_default("bfloat16") were measured that way (docs/bf16.md). */
 int fo_tolerance_arbiter(const fo_stats *cand, const fo_stats *base, fo_tolerance t);
+/* The multipliers the arbiter applies: a tolerance's 0 means 2 (PyTorch's). Reports that quote
+ * the rule take them from here, so they print what was applied. */
+static inline double fo_tolerance_m_rel(fo_tolerance t) { return t.m_rel > 0 ? t.m_rel : 2; }
+static inline double fo_tolerance_m_max(fo_tolerance t) { return t.m_max > 0 ? t.m_max : 2; }
 
 #endif

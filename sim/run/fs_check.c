@@ -41,20 +41,19 @@ struct fs_check {
     int step;
     int n_compared, n_excused, diverged;
     int agreed_error; /* an error every rank got from rank 0's verdict (not a local failure) */
-    double worst, worst_ratio;
-    char worst_where[256];
+    double worst, worst_max_rel, worst_ratio; /* the OK line's figures (note_worst) */
+    char worst_where[256], worst_max_rel_where[256];
     char report[4096];
-    int brk;              /* --break-on-divergence */
-    int culprit;          /* rank 0: where the divergence shows */
-    int64_t coords[FS_MAX_DIMS];
+    int brk; /* --break-on-divergence */
 };
 
 void fs_check_set_break(fs_check *ck, int on) { ck->brk = on; }
 
 __attribute__((noinline)) void fs_check_break(const fs_divergence *dv)
 {
-    /* Under gdb this stops here; `up` is the record call, `up 2` the layer (linear, qk_norm,
-     * ...) with its tensors. Without a debugger SIGTRAP ends the process, which is the point. */
+    /* Under gdb this stops here; `up` is the record call (chk_record), `up 4` the layer (linear,
+     * qk_norm, ...) with its tensors (docs/debugging.md). Without a debugger SIGTRAP ends the
+     * process, which is the point. */
     __asm__ volatile("" ::"r"(dv) : "memory");
     raise(SIGTRAP);
 }
@@ -172,45 +171,58 @@ fs_step_hooks fs_check_ref_hooks(fs_check *ck) { return (fs_step_hooks){.begin_s
 fs_recorder fs_check_truth_recorder(fs_check *ck) { return (fs_recorder){.fn = set_record, .ctx = &ck->truth}; }
 fs_step_hooks fs_check_truth_hooks(fs_check *ck) { return (fs_step_hooks){.begin_step = set_begin, .ctx = &ck->truth}; }
 
-/* Entry (step, name) of an in-memory run as doubles with its shape; 0 if the run lacks it. */
-static int set_lookup(ref_set *rs, int step, const char *name, const double **data, int *ndim, int64_t *shape)
+/* Entry (step, name) of an in-memory run as doubles with its shape; *found 0 if the run lacks it.
+ * An error only when there is no memory to widen it. */
+static int set_lookup(ref_set *rs, int step, const char *name, const double **data, int *ndim, int64_t *shape,
+                      int *found, fs_err *e)
 {
+    *found = 0;
     for (int k = 0; k < rs->n; k++) { /* names come in the same order: start from the hint */
         int i = (rs->hint + k) % rs->n;
-        if (rs->v[i].step == step && !strcmp(rs->v[i].name, name)) {
-            rs->hint = i + 1;
-            const fs_tensor *t = &rs->v[i].t;
-            size_t n = (size_t)fs_tensor_numel(t);
-            if (n > rs->bufcap) {
-                free(rs->buf);
-                rs->buf = malloc((n ? n : 1) * sizeof(double));
-                rs->bufcap = rs->buf ? n : 0;
-                if (!rs->buf) return 0;
-            }
-            for (size_t j = 0; j < n; j++) rs->buf[j] = fs_tensor_get(t, (int64_t)j);
-            *data = rs->buf;
-            *ndim = t->ndim;
-            memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-            return 1;
+        if (rs->v[i].step != step || strcmp(rs->v[i].name, name)) continue;
+        rs->hint = i + 1;
+        const fs_tensor *t = &rs->v[i].t;
+        size_t n = (size_t)fs_tensor_numel(t);
+        if (n > rs->bufcap) {
+            free(rs->buf);
+            rs->buf = malloc((n ? n : 1) * sizeof(double));
+            rs->bufcap = rs->buf ? n : 0;
+            if (!rs->buf)
+                return fs_errf(e, FS_E_NOMEM, "--check: out of memory widening step %d %s (%zu values) to float64",
+                               step, name, n);
         }
+        for (size_t j = 0; j < n; j++) rs->buf[j] = fs_tensor_get(t, (int64_t)j);
+        *data = rs->buf;
+        *ndim = t->ndim;
+        memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        *found = 1;
+        return FS_OK;
     }
-    return 0;
+    return FS_OK;
 }
 
-/* The reference tensor (step, name) as doubles with its shape; 0 if the reference lacks it. */
-static int ref_lookup(fs_check *ck, int step, const char *name, const double **data, int *ndim, int64_t *shape)
+/* The reference tensor (step, name) as doubles with its shape; *found 0 if the reference lacks
+ * it. An error when it holds the tensor but it cannot be read: that is not a hole to excuse. */
+static int ref_lookup(fs_check *ck, int step, const char *name, const double **data, int *ndim, int64_t *shape,
+                      int *found, fs_err *e)
 {
-    if (ck->ref_file) {
-        char path[256];
-        fs_err e = {0};
-        snprintf(path, sizeof path, "/step_%04d/%s", step, name);
-        if (!fo_is_dataset(ck->ref_file, path) || fo_dataset_read(ck->ref_file, path, &ck->ds, &e)) return 0;
-        *data = ck->ds.data;
-        *ndim = ck->ds.ndim;
-        for (int d = 0; d < ck->ds.ndim && d < FS_MAX_DIMS; d++) shape[d] = ck->ds.shape[d];
-        return 1;
+    if (!ck->ref_file) return set_lookup(&ck->ref, step, name, data, ndim, shape, found, e);
+    char path[256];
+    *found = 0;
+    snprintf(path, sizeof path, "/step_%04d/%s", step, name);
+    if (!fo_is_dataset(ck->ref_file, path)) return FS_OK;
+    int rc = fo_dataset_read(ck->ref_file, path, &ck->ds, e);
+    if (!rc && ck->ds.ndim > FS_MAX_DIMS)
+        rc = fs_errf(e, FS_E_INPUT, "%d dimensions, more than flux-sim's %d", ck->ds.ndim, FS_MAX_DIMS);
+    if (rc) {
+        fs_err_prefix(e, "--check=%s: reading %s: ", fo_file_path(ck->ref_file), path);
+        return rc;
     }
-    return set_lookup(&ck->ref, step, name, data, ndim, shape);
+    *data = ck->ds.data;
+    *ndim = ck->ds.ndim;
+    for (int d = 0; d < ck->ds.ndim; d++) shape[d] = ck->ds.shape[d];
+    *found = 1;
+    return FS_OK;
 }
 
 /* ---------------------------------------------------------------- parallel comparison */
@@ -248,208 +260,318 @@ static const char *axis_names(int ndim)
     }
 }
 
+/* What rank 0 decided about one recorded tensor (judge), for the verdict every rank gets and, at a
+ * divergence, for the hand-off to the debugger. */
+typedef struct judgement {
+    int verdict;                 /* FS_OK, FS_DIVERGED, or FS_E_INPUT (agreed; ck->report says why) */
+    int culprit;                 /* FS_DIVERGED: the rank where it shows */
+    int64_t coords[FS_MAX_DIMS]; /* FS_DIVERGED on values: the element the report names */
+} judgement;
+
+/* Assemble: this rank's tensor on the host (kept: gdb is handed it at a divergence) and the
+ * global tensor on rank 0 (collective). *joined is 0 when it failed before the gather; the caller
+ * then leaves at once, and the other ranks wait in the gather until the CLI ends the job. */
+static int assemble(fs_check *ck, const fs_tensor *dev, const fs_shard *sh, fs_tensor *local, fs_gathered *g,
+                    int *joined, fs_err *e)
+{
+    *joined = 0;
+    int rc = fs_tensor_host_view(dev, local, e);
+    if (rc) return rc;
+    *joined = 1;
+    return fs_gather_to_root(ck->par->g_world, local, sh, g, e);
+}
+
+/* "rank 0: dim 1 [0,40); rank 1: ..." — the distinct pieces, at most 8 (every report ends so). */
+static void describe_pieces(const fs_gathered *g, char *buf, size_t n)
+{
+    size_t o = 0;
+    int nshown = 0;
+    buf[0] = 0;
+    for (int r = 0; r < g->world && nshown < 8 && o < n; r++)
+        if (g->group[r] == r) {
+            char d[128];
+            o += (size_t)snprintf(buf + o, n - o, "%srank %d%s: %s", nshown ? "; " : "", r,
+                                  g->pieces[r].sh.ndims ? "" : " (and every rank with the same piece)",
+                                  fs_piece_describe(&g->pieces[r], d, sizeof d));
+            nshown++;
+        }
+}
+
+/* The one DIVERGED report: where, the layout (with the tensor's shape and dtype when its values
+ * were compared), the finding (lines joined by "\n  "), and which ranks hold what. */
+static void report_divergence(fs_check *ck, const char *name, const char *tensor, const char *finding,
+                              const char *held_by, const char *pieces)
+{
+    char lay[128];
+    fs_par_describe(ck->par, lay, sizeof lay);
+    ck->diverged = 1;
+    snprintf(ck->report, sizeof ck->report,
+             "flux-sim --check: DIVERGED at step %d, %s\n"
+             "  layout: %s%s%s\n"
+             "  %s\n"
+             "  %s%s%spieces: %s\n",
+             ck->step, name, lay, tensor[0] ? "; tensor " : "", tensor, finding,
+             held_by[0] ? "element held by rank(s) " : "", held_by, held_by[0] ? "; " : "", pieces);
+}
+
+/* The OK line's figures: the worst of each quantity the rules judge, over the run, and where. A
+ * tensor holding NaN/Inf (it passes only where both runs hold the same ones) counts as infinitely
+ * far, so an OK over it cannot read as a small error. ct/bt (bf16): against the matched truth. */
+static void note_worst(fs_check *ck, const char *name, const fo_stats *st, const fo_stats *ct, const fo_stats *bt)
+{
+    const int finite = fo_stats_all_finite(st);
+    if (st->rel_l2 > ck->worst || !finite) {
+        ck->worst = finite ? st->rel_l2 : INFINITY;
+        snprintf(ck->worst_where, sizeof ck->worst_where, "step %d %s", ck->step, name);
+    }
+    if (fo_stats_max_rel(st) > ck->worst_max_rel || !finite) {
+        ck->worst_max_rel = finite ? fo_stats_max_rel(st) : INFINITY;
+        snprintf(ck->worst_max_rel_where, sizeof ck->worst_max_rel_where, "step %d %s", ck->step, name);
+    }
+    if (ct && bt->rel_l2 > 0 && ct->rel_l2 / bt->rel_l2 > ck->worst_ratio) ck->worst_ratio = ct->rel_l2 / bt->rel_l2;
+}
+
+/* Judge the values of a gathered tensor of the reference's shape: the metrics are the oracle's
+ * (fo_compare, the arithmetic flux-oracle diff streams), the rule fo_tolerance's; the report
+ * prints those very numbers. */
+static int judge_values(fs_check *ck, const char *name, const fs_gathered *g, const double *ref, const char *pieces,
+                        judgement *j, fs_err *e)
+{
+    const fs_tensor *gt = &g->global;
+    const int64_t n = fs_tensor_numel(gt);
+    double *a = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!a)
+        return fs_errf(e, FS_E_NOMEM, "--check: out of memory widening step %d %s (%lld values) to float64", ck->step,
+                       name, (long long)n);
+    for (int64_t i = 0; i < n; i++) a[i] = fs_tensor_get(gt, i);
+    fo_stats st, st_ct = {0}, st_bt = {0};
+    fo_compare(a, ref, n, &st);
+    /* bf16: the arbiter against the matched float64 truth (fo_tolerance_arbiter: the parallel
+     * run's error may be m times the single-rank bf16 run's, plus a floor); otherwise the layout
+     * rule on the distance to the single-rank run */
+    const double *tru = NULL;
+    int tnd = 0, arb = 0, rc = FS_OK;
+    int64_t tshape[FS_MAX_DIMS];
+    if (ck->truth.n > 0) rc = set_lookup(&ck->truth, ck->step, name, &tru, &tnd, tshape, &arb, e);
+    if (!rc && arb) {
+        fs_tensor tt = {.ndim = tnd};
+        memcpy(tt.shape, tshape, sizeof(int64_t) * (size_t)tnd);
+        if (fs_tensor_numel(&tt) != n) /* the truth is a run of the same problem: never another shape */
+            rc = fs_errf(e, FS_E_INTERNAL, "--check: the matched float64 truth's step %d %s has %lld values, the run's %lld",
+                         ck->step, name, (long long)fs_tensor_numel(&tt), (long long)n);
+    }
+    if (!rc && arb) {
+        fo_compare(a, tru, n, &st_ct);
+        fo_compare(ref, tru, n, &st_bt);
+    }
+    free(a);
+    if (rc) return rc;
+    const int bad = arb ? !fo_tolerance_arbiter(&st_ct, &st_bt, ck->tol)
+                        : !fo_tolerance_pass(&st, ck->tol); /* the oracle's rules, NaN/Inf included */
+    note_worst(ck, name, &st, arb ? &st_ct : NULL, arb ? &st_bt : NULL);
+    if (!bad) return FS_OK;
+
+    /* where: the first NaN/Inf that the other side lacks, else the largest difference */
+    const int nonfinite = st.n_nonfinite_mismatch > 0 && st.first_nonfinite >= 0;
+    const int64_t at = nonfinite ? st.first_nonfinite : st.argmax >= 0 ? st.argmax : 0;
+    char where_nf[160] = "", cs[96], owners[128], sbuf[96], tensor[128], arbiter[320] = "", finding[1024];
+    if (nonfinite) /* the values AT the NaN/Inf, not the largest finite difference */
+        snprintf(where_nf, sizeof where_nf, ": parallel %g, reference %g; over the finite elements max |Δ|",
+                 fs_tensor_get(gt, at), ref[at]);
+    fo_unravel(at, gt->ndim, gt->shape, j->coords);
+    fo_coords_str(gt->ndim, j->coords, cs, sizeof cs);
+    const int first_owner = fs_gathered_owners(g, j->coords, owners, sizeof owners);
+    if (arb)
+        snprintf(arbiter, sizeof arbiter,
+                 "\n  vs the matched float64 truth: parallel rel L2 %.3g, max rel %.3g; single-rank bf16 %.3g, %.3g "
+                 "(rule: <= %g x + %.1e, <= %g x + %.1e; docs/bf16.md)",
+                 st_ct.rel_l2, fo_stats_max_rel(&st_ct), st_bt.rel_l2, fo_stats_max_rel(&st_bt),
+                 fo_tolerance_m_rel(ck->tol), ck->tol.rtol / 10, fo_tolerance_m_max(ck->tol), ck->tol.mtol / 10);
+    snprintf(finding, sizeof finding,
+             "%s at %s (%s)%s = %.6g; relative L2 = %.3g, max |Δ|/max|ref| = %.3g (tolerance %.1e / %.1e)%s\n"
+             "  non-finite: parallel %lld NaN %lld Inf, reference %lld NaN %lld Inf",
+             nonfinite ? "first non-finite mismatch" : "max |Δ|", cs, axis_names(gt->ndim), where_nf, st.max_abs,
+             st.rel_l2, fo_stats_max_rel(&st), ck->tol.rtol, ck->tol.mtol, arbiter, (long long)st.nan_a,
+             (long long)st.inf_a, (long long)st.nan_b, (long long)st.inf_b);
+    snprintf(tensor, sizeof tensor, "%s %s", fs_tensor_shape_str(gt, sbuf, sizeof sbuf), fs_dtype_name(ck->dt));
+    report_divergence(ck, name, tensor, finding, owners, pieces);
+    j->verdict = FS_DIVERGED;
+    j->culprit = first_owner >= 0 ? first_owner : 0;
+    return FS_OK;
+}
+
+/* Judge (rank 0): the gathered tensor against the reference. Fills j and, unless the tensor
+ * agrees, ck->report. Returns an error only for a failure of its own (memory, an unreadable
+ * reference), which every rank is then told of. */
+static int judge(fs_check *ck, const char *name, const fs_gathered *g, judgement *j, fs_err *e)
+{
+    char pieces[256], sbuf[96], rbuf[96], finding[256];
+    describe_pieces(g, pieces, sizeof pieces);
+    j->culprit = g->problem == 1 ? g->first_bad : 0;
+    if (g->problem) { /* copies of one piece disagree, or the pieces do not tile the tensor */
+        report_divergence(ck, name, "", g->detail, "", pieces);
+        j->verdict = FS_DIVERGED;
+        return FS_OK;
+    }
+    const double *ref;
+    int rnd, found;
+    int64_t rshape[FS_MAX_DIMS];
+    int rc = ref_lookup(ck, ck->step, name, &ref, &rnd, rshape, &found, e);
+    if (rc) return rc;
+    if (!found) {
+        /* a reference file may have left it out on purpose (recorded_steps, recorded_modules:
+         * diffusers' dumps keep depth<=2 after step 0); anything else is a hole in the
+         * comparison, which is an error, never a silent skip */
+        if (missing_excused(ck, name)) ck->n_excused++;
+        else {
+            snprintf(ck->report, sizeof ck->report, "--check: the reference %s has no step %d %s, which this run "
+                     "records, and does not declare it unrecorded (recorded_steps, recorded_modules); narrow the run "
+                     "with --dump-modules/--dump-steps to what the reference holds",
+                     ck->ref_file ? fo_file_path(ck->ref_file) : "(in-job single-rank run)", ck->step, name);
+            j->verdict = FS_E_INPUT;
+        }
+        return FS_OK;
+    }
+    fs_tensor rt = {.ndim = rnd};
+    memcpy(rt.shape, rshape, sizeof(int64_t) * (size_t)rnd);
+    int same = rnd == g->global.ndim;
+    for (int d = 0; same && d < rnd; d++) same = rshape[d] == g->global.shape[d];
+    ck->n_compared++;
+    if (!same && ck->ref_file && !strcmp(name, "latents_in")) {
+        /* the sampler's state: no layout changes its shape, a reference of other inputs (another
+         * batch) does — an input error, not a divergence (#18) */
+        snprintf(ck->report, sizeof ck->report,
+                 "--check=%s: the reference was run on other inputs: its step %d latents_in is %s, this run's "
+                 "is %s; it needs a single-rank dump of these inputs (replay them with --inputs)",
+                 fo_file_path(ck->ref_file), ck->step, fs_tensor_shape_str(&rt, rbuf, sizeof rbuf),
+                 fs_tensor_shape_str(&g->global, sbuf, sizeof sbuf));
+        j->verdict = FS_E_INPUT;
+        return FS_OK;
+    }
+    if (!same) {
+        snprintf(finding, sizeof finding, "shape: parallel run assembles %s, single-rank reference has %s",
+                 fs_tensor_shape_str(&g->global, sbuf, sizeof sbuf), fs_tensor_shape_str(&rt, rbuf, sizeof rbuf));
+        report_divergence(ck, name, "", finding, "", pieces);
+        j->verdict = FS_DIVERGED;
+        return FS_OK;
+    }
+    return judge_values(ck, name, g, ref, pieces, j, e);
+}
+
+/* What rank 0 tells every rank when --break-on-divergence stops one: which rank, the shape of the
+ * assembled tensor (ndim 0: none to hand over) and the element the report names. */
+typedef struct handoff {
+    int32_t culprit, ndim;
+    int64_t shape[FS_MAX_DIMS];
+    int64_t coords[FS_MAX_DIMS];
+} handoff;
+
+/* Hand-off (collective, at a divergence under --break-on-divergence): the rank where it shows gets
+ * the reference and the assembled tensor (global layout, float64) from rank 0 into ref and glob
+ * (the caller's, freed by it), and *dv filled for fs_check_break, so that both are in scope beside
+ * its local tensor when it stops; *stop says whether this is that rank. The caller stops there
+ * itself, so that the layer stays `up 4` from fs_check_break (docs/debugging.md). An allocation
+ * that fails on rank 0 or the culprit is every rank's error (fs_agree_error), before any transfer
+ * that would wait for it. */
+static int hand_off(fs_check *ck, const char *name, const fs_tensor *local, const fs_gathered *g, const judgement *j,
+                    fs_tensor *ref, fs_tensor *glob, fs_divergence *dv, int *stop, fs_err *e)
+{
+    const fs_par *p = ck->par;
+    handoff h = {0};
+    *stop = 0;
+    if (p->rank == 0) {
+        h.culprit = j->culprit;
+        h.ndim = g->global.data ? g->global.ndim : 0;
+        memcpy(h.shape, g->global.shape, sizeof h.shape);
+        memcpy(h.coords, j->coords, sizeof h.coords);
+    }
+    fs_bcast(p->g_world, 0, &h, sizeof h);
+    const int holds = p->rank == 0 || p->rank == h.culprit; /* the two ranks the tensors pass between */
+    int rc = FS_OK;
+    if (h.ndim > 0 && holds) {
+        rc = fs_tensor_alloc(ref, FS_F64, h.ndim, h.shape, e);
+        if (!rc) rc = fs_tensor_alloc(glob, FS_F64, h.ndim, h.shape, e);
+        if (!rc && p->rank == 0) {
+            /* looked up again: judge may not have (copies of a piece that disagree are a divergence
+             * before any comparison), and the debugger wants it whenever it exists. A reference of
+             * another size (a shape divergence) stays zeros. */
+            const double *rd;
+            int rnd, found;
+            int64_t rs[FS_MAX_DIMS];
+            rc = ref_lookup(ck, ck->step, name, &rd, &rnd, rs, &found, e);
+            fs_tensor rt = {.ndim = found ? rnd : 0};
+            memcpy(rt.shape, rs, sizeof(int64_t) * (size_t)rt.ndim);
+            if (!rc && found && fs_tensor_numel(&rt) == fs_tensor_numel(ref)) memcpy(ref->data, rd, fs_tensor_nbytes(ref));
+            if (!rc) rc = fs_tensor_copy(glob, &g->global, e);
+        }
+        if (rc)
+            fs_err_prefix(e, "--check: diverged at step %d, %s; --break-on-divergence could not hand rank %d the "
+                          "reference and the assembled tensor: ", ck->step, name, h.culprit);
+    }
+    rc = fs_agree_error(p->g_world, rc, e);
+    if (!rc && h.ndim > 0 && h.culprit != 0) { /* rank 0 → culprit, through the world group */
+        fs_group pair;
+        rc = fs_group_split(p->g_world, holds ? 0 : 1, p->rank == 0 ? 0 : 1, &pair, e);
+        if (!rc) {
+            if (holds) {
+                fs_bcast(&pair, 0, ref->data, fs_tensor_nbytes(ref));
+                fs_bcast(&pair, 0, glob->data, fs_tensor_nbytes(glob));
+            }
+            fs_group_free(&pair);
+        }
+    }
+    if (rc || p->rank != h.culprit) return rc;
+    *dv = (fs_divergence){.step = ck->step, .module = name, .local = local, .reference = h.ndim ? ref : NULL,
+                          .global = h.ndim ? glob : NULL, .rank = h.culprit};
+    memcpy(dv->coords, h.coords, sizeof dv->coords);
+    *stop = 1;
+    return FS_OK;
+}
+
+/* The recorder of the parallel run (collective per tensor): assemble, judge on rank 0, every rank
+ * gets the verdict, hand off to the debugger if asked, and every rank returns alike. */
 static int chk_record(void *ctx, const char *name, const fs_tensor *dev, const fs_shard *sh, fs_err *e)
 {
     fs_check *ck = ctx;
     const fs_par *p = ck->par;
-    fs_gathered g;
-    /* what this rank holds, on the host: gathered, and handed to gdb on a divergence */
-    fs_tensor local;
-    int rc = fs_tensor_host_view(dev, &local, e);
-    if (rc) return rc;
-    const fs_tensor *t = &local;
-    rc = fs_gather_to_root(p->g_world, t, sh, &g, e);
+    fs_tensor local = {0};
+    fs_gathered g = {0};
+    int joined;
+    int rc = assemble(ck, dev, sh, &local, &g, &joined, e);
+    if (!joined) return rc;
     int verdict = rc ? FS_E_INTERNAL : FS_OK;
+    judgement j = {.verdict = FS_OK};
     if (!rc && p->rank == 0) {
-        char lay[128], pieces[256] = "", sbuf[96], rbuf[96];
-        fs_par_describe(p, lay, sizeof lay);
-        size_t o = 0;
-        int nshown = 0;
-        for (int r = 0; r < g.world && nshown < 8; r++)
-            if (g.group[r] == r) {
-                char d[128];
-                o += (size_t)snprintf(pieces + o, sizeof pieces - o, "%srank %d%s: %s", nshown ? "; " : "", r,
-                                      g.pieces[r].sh.ndims ? "" : " (and every rank with the same piece)",
-                                      fs_piece_describe(&g.pieces[r], d, sizeof d));
-                nshown++;
-            }
-        const double *ref;
-        int rnd;
-        int64_t rshape[FS_MAX_DIMS];
-        ck->culprit = g.problem == 1 ? g.first_bad : 0;
-        if (g.problem) {
-            ck->diverged = 1;
-            snprintf(ck->report, sizeof ck->report,
-                     "flux-sim --check: DIVERGED at step %d, %s\n"
-                     "  layout: %s\n"
-                     "  %s\n"
-                     "  pieces: %s\n",
-                     ck->step, name, lay, g.detail, pieces);
-        } else if (!ref_lookup(ck, ck->step, name, &ref, &rnd, rshape)) {
-            /* a reference file may have left it out on purpose (recorded_steps, recorded_modules:
-             * diffusers' dumps keep depth<=2 after step 0); anything else is a hole in the
-             * comparison, which is an error, never a silent skip */
-            if (missing_excused(ck, name)) ck->n_excused++;
-            else {
-                snprintf(ck->report, sizeof ck->report, "--check: the reference %s has no step %d %s, which this run "
-                         "records, and does not declare it unrecorded (recorded_steps, recorded_modules); narrow the run "
-                         "with --dump-modules/--dump-steps to what the reference holds",
-                         ck->ref_file ? fo_file_path(ck->ref_file) : "(in-job single-rank run)", ck->step, name);
-                ck->agreed_error = FS_E_INPUT;
-            }
-        } else {
-            fs_tensor rt = {.ndim = rnd};
-            memcpy(rt.shape, rshape, sizeof(int64_t) * (size_t)rnd);
-            int same = rnd == g.global.ndim;
-            for (int d = 0; same && d < rnd; d++) same = rshape[d] == g.global.shape[d];
-            ck->n_compared++;
-            if (!same && ck->ref_file && !strcmp(name, "latents_in")) {
-                /* the sampler's state: no layout changes its shape, a reference of other inputs
-                 * (another batch) does — an input error, not a divergence (#18) */
-                snprintf(ck->report, sizeof ck->report,
-                         "--check=%s: the reference was run on other inputs: its step %d latents_in is %s, this run's "
-                         "is %s; it needs a single-rank dump of these inputs (replay them with --inputs)",
-                         fo_file_path(ck->ref_file), ck->step, fs_tensor_shape_str(&rt, rbuf, sizeof rbuf),
-                         fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf));
-                ck->agreed_error = FS_E_INPUT;
-            } else if (!same) {
-                ck->diverged = 1;
-                snprintf(ck->report, sizeof ck->report,
-                         "flux-sim --check: DIVERGED at step %d, %s\n"
-                         "  layout: %s\n"
-                         "  shape: parallel run assembles %s, single-rank reference has %s\n"
-                         "  pieces: %s\n",
-                         ck->step, name, lay, fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf),
-                         fs_tensor_shape_str(&rt, rbuf, sizeof rbuf), pieces);
-            } else {
-                const int64_t n = fs_tensor_numel(&g.global);
-                double *a = malloc(sizeof(double) * (size_t)(n ? n : 1));
-                double refmax = 0;
-                for (int64_t i = 0; i < n; i++) {
-                    a[i] = fs_tensor_get(&g.global, i);
-                    if (fabs(ref[i]) > refmax) refmax = fabs(ref[i]);
-                }
-                fo_stats st;
-                fo_compare(a, ref, n, &st);
-                double rel_max = refmax > 0 ? st.max_abs / refmax : (st.max_abs > 0 ? INFINITY : 0);
-                /* bf16: the arbiter against the matched float64 truth (fo_tolerance_arbiter: the
-                 * parallel run's error may be m times the single-rank bf16 run's, plus a floor);
-                 * otherwise the layout rule on the distance to the single-rank run */
-                const double *tru;
-                int tnd;
-                int64_t tshape[FS_MAX_DIMS];
-                fo_stats st_ct = {0}, st_bt = {0};
-                const int arb = ck->truth.n > 0 && set_lookup(&ck->truth, ck->step, name, &tru, &tnd, tshape);
-                if (arb) {
-                    fo_compare(a, tru, n, &st_ct);
-                    fo_compare(ref, tru, n, &st_bt);
-                }
-                free(a);
-                int bad = arb ? !fo_tolerance_arbiter(&st_ct, &st_bt, ck->tol)
-                              : !fo_tolerance_pass(&st, ck->tol); /* the oracle's rules, NaN/Inf included */
-                if (st.rel_l2 > ck->worst || !fo_stats_all_finite(&st)) {
-                    ck->worst = fo_stats_all_finite(&st) ? st.rel_l2 : INFINITY;
-                    snprintf(ck->worst_where, sizeof ck->worst_where, "step %d %s", ck->step, name);
-                }
-                if (arb && st_bt.rel_l2 > 0 && st_ct.rel_l2 / st_bt.rel_l2 > ck->worst_ratio)
-                    ck->worst_ratio = st_ct.rel_l2 / st_bt.rel_l2;
-                char arbiter[320] = "";
-                if (arb)
-                    snprintf(arbiter, sizeof arbiter,
-                             "  vs the matched float64 truth: parallel rel L2 %.3g, max rel %.3g; single-rank bf16 %.3g, %.3g "
-                             "(rule: <= %g x + %.1e, <= %g x + %.1e; docs/bf16.md)\n",
-                             st_ct.rel_l2, fo_stats_max_rel(&st_ct), st_bt.rel_l2, fo_stats_max_rel(&st_bt),
-                             ck->tol.m_rel > 0 ? ck->tol.m_rel : 2, ck->tol.rtol / 10, ck->tol.m_max > 0 ? ck->tol.m_max : 2,
-                             ck->tol.mtol / 10);
-                if (bad) {
-                    int64_t at = st.argmax >= 0 ? st.argmax : 0, coords[FS_MAX_DIMS] = {0};
-                    const int nonfinite = st.n_nonfinite_mismatch > 0 && st.first_nonfinite >= 0;
-                    if (nonfinite) at = st.first_nonfinite;
-                    char where_nf[160] = "";
-                    if (nonfinite) /* the values AT the NaN/Inf, not the largest finite difference */
-                        snprintf(where_nf, sizeof where_nf, ": parallel %g, reference %g; over the finite elements max |Δ|",
-                                 fs_tensor_get(&g.global, at), ref[at]);
-                    fo_unravel(at, g.global.ndim, g.global.shape, coords);
-                    char cs[96], owners[128];
-                    fo_coords_str(g.global.ndim, coords, cs, sizeof cs);
-                    const int first_owner = fs_gathered_owners(&g, coords, owners, sizeof owners);
-                    ck->diverged = 1;
-                    ck->culprit = first_owner >= 0 ? first_owner : 0;
-                    memcpy(ck->coords, coords, sizeof coords);
-                    snprintf(ck->report, sizeof ck->report,
-                             "flux-sim --check: DIVERGED at step %d, %s\n"
-                             "  layout: %s; tensor %s %s\n"
-                             "  %s%s at %s (%s)%s = %.6g; relative L2 = %.3g, max |Δ|/max|ref| = %.3g "
-                             "(tolerance %.1e / %.1e)\n"
-                             "%s"
-                             "  non-finite: parallel %lld NaN %lld Inf, reference %lld NaN %lld Inf\n"
-                             "  element held by rank(s) %s; pieces: %s\n",
-                             ck->step, name, lay, fs_tensor_shape_str(&g.global, sbuf, sizeof sbuf), fs_dtype_name(ck->dt),
-                             nonfinite ? "first non-finite mismatch" : "max |Δ|", "", cs, axis_names(g.global.ndim),
-                             where_nf, st.max_abs, st.rel_l2, rel_max,
-                             ck->tol.rtol, ck->tol.mtol, arbiter, (long long)st.nan_a, (long long)st.inf_a,
-                             (long long)st.nan_b, (long long)st.inf_b, owners, pieces);
-                }
-            }
-        }
-        verdict = ck->diverged ? FS_DIVERGED : ck->agreed_error;
+        rc = judge(ck, name, &g, &j, e);
+        verdict = rc ? rc : j.verdict;
     }
     fs_bcast(p->g_world, 0, &verdict, sizeof verdict);
+    int hrc = FS_OK;
     if (verdict == FS_DIVERGED && ck->brk) {
-        /* hand the rank where it shows the reference and the assembled tensor (global layout,
-         * float64), so both are in scope next to its local tensor when it stops */
-        int64_t hdr[2 + FS_MAX_DIMS + 1 + FS_MAX_DIMS] = {0};
         fs_tensor ref = {0}, glob = {0};
-        if (p->rank == 0) {
-            hdr[0] = ck->culprit;
-            hdr[1] = g.global.data ? g.global.ndim : 0;
-            for (int d = 0; d < (int)hdr[1]; d++) hdr[2 + d] = g.global.shape[d];
-            for (int d = 0; d < FS_MAX_DIMS; d++) hdr[3 + FS_MAX_DIMS + d] = ck->coords[d];
-        }
-        fs_bcast(p->g_world, 0, hdr, sizeof hdr);
-        const int culprit = (int)hdr[0], nd = (int)hdr[1];
-        if (nd > 0 && (p->rank == 0 || p->rank == culprit)) {
-            fs_tensor_alloc(&ref, FS_F64, nd, &hdr[2], NULL);
-            fs_tensor_alloc(&glob, FS_F64, nd, &hdr[2], NULL);
-            if (p->rank == 0) {
-                const double *rd;
-                int rnd;
-                int64_t rs[FS_MAX_DIMS];
-                if (ref_lookup(ck, ck->step, name, &rd, &rnd, rs) && fs_tensor_numel(&ref) == fs_tensor_numel(&g.global))
-                    memcpy(ref.data, rd, fs_tensor_nbytes(&ref));
-                fs_tensor_copy(&glob, &g.global, NULL);
-            }
-        }
-        if (nd > 0 && culprit != 0) { /* rank 0 → culprit, through the world group */
-            fs_group pair;
-            fs_group_split(p->g_world, p->rank == 0 || p->rank == culprit ? 0 : 1, p->rank == 0 ? 0 : 1, &pair, NULL);
-            if (p->rank == 0 || p->rank == culprit) {
-                fs_bcast(&pair, 0, ref.data, fs_tensor_nbytes(&ref));
-                fs_bcast(&pair, 0, glob.data, fs_tensor_nbytes(&glob));
-            }
-            fs_group_free(&pair);
-        }
-        if (p->rank == culprit) {
-            fs_divergence dv = {.step = ck->step, .module = name, .local = t, .reference = nd ? &ref : NULL,
-                                .global = nd ? &glob : NULL, .rank = culprit};
-            for (int d = 0; d < FS_MAX_DIMS; d++) dv.coords[d] = hdr[3 + FS_MAX_DIMS + d];
-            fs_check_break(&dv);
-        }
+        fs_divergence dv;
+        int stop;
+        hrc = hand_off(ck, name, &local, &g, &j, &ref, &glob, &dv, &stop, e);
+        if (stop) fs_check_break(&dv); /* here, not in hand_off: the layer is `up 4` from it */
         fs_tensor_free(&ref);
         fs_tensor_free(&glob);
     }
     fs_gathered_free(&g);
     fs_tensor_free(&local);
+    if (hrc) { /* every rank got it from fs_agree_error: the job ends in agreement */
+        ck->agreed_error = hrc;
+        return hrc;
+    }
+    if (verdict == FS_E_INPUT) ck->agreed_error = verdict; /* every rank has it from rank 0's verdict */
+    if (rc) return rc; /* this rank's own failure, with its context */
     if (verdict == FS_DIVERGED) {
         ck->diverged = 1;
         return fs_errf(e, FS_DIVERGED, "--check: diverged at step %d, %s", ck->step, name);
     }
-    if (verdict == FS_E_INPUT) {
-        ck->agreed_error = verdict;
+    if (verdict == FS_E_INPUT)
         return p->rank == 0 ? fs_errf(e, verdict, "%s", ck->report)
                             : fs_errf(e, verdict, "--check: the reference lacks step %d %s", ck->step, name);
-    }
-    if (verdict) return fs_errf(e, verdict, "--check: gathering %s failed", name);
+    if (verdict) return fs_errf(e, verdict, "--check: rank 0 could not assemble or compare step %d %s", ck->step, name);
     return FS_OK;
 }
 
@@ -483,14 +605,19 @@ const char *fs_check_report(const fs_check *ck)
                      "(rule: %g x + %.1e; docs/bf16.md)\n",
                      fs_par_describe(ck->par, lay, sizeof lay), fs_dtype_name(ck->dt), ck->n_compared,
                      ck->n_excused ? excused : "", ck->worst, ck->worst_where,
-                     ck->worst_ratio, ck->tol.m_rel > 0 ? ck->tol.m_rel : 2, ck->tol.rtol / 10);
-        else
+                     ck->worst_ratio, fo_tolerance_m_rel(ck->tol), ck->tol.rtol / 10);
+        else {
+            /* the two quantities the layout rule judged (fo_tolerance_pass), by flux-oracle's names
+             * for them, with their bounds: rtol on relative L2, mtol on max rel = max|Δ|/max|ref| */
+            char mtol[32] = "off", atol[32] = "";
+            if (ck->tol.mtol > 0) snprintf(mtol, sizeof mtol, "%.1e", ck->tol.mtol);
+            if (ck->tol.atol > 0) snprintf(atol, sizeof atol, ", atol %.1e", ck->tol.atol);
             snprintf(m->report, sizeof m->report,
                      "flux-sim --check: OK — %s reproduces the single-rank run: %d tensors compared%s, worst relative L2 "
-                     "%.3g (%s); tolerance %.1e (max-abs %.1e)\n",
-                     fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared,
-                     ck->n_excused ? excused : "", ck->worst, ck->worst_where, ck->tol.rtol,
-                     ck->tol.mtol);
+                     "%.3g (%s), worst max rel %.3g (%s); tolerance rtol %.1e, mtol %s%s\n",
+                     fs_par_describe(ck->par, lay, sizeof lay), ck->n_compared, ck->n_excused ? excused : "",
+                     ck->worst, ck->worst_where, ck->worst_max_rel, ck->worst_max_rel_where, ck->tol.rtol, mtol, atol);
+        }
     }
     return ck->report;
 }
