@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "fs_job.h"
 #include "fs_check.h"
 #include "fs_cleanup.h"
 #include "fs_debug.h"
@@ -126,20 +127,8 @@ static void usage(FILE *f)
             "Docs: README.md, docs/dump-format.md.\n");
 }
 
-typedef struct opts {
-    const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
-        *backend, *lse_layout, *match, *ar_order, *stream, *dump_modules, *dump_steps;
-    int precision_given;
-    int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
-    fs_inject inject;
-    double rtol, rtol_max;
-    uint64_t weights_seed;
-    fs_gen_params gen;
-    int threads, quiet, compress;
-    int gen_opt_given;
-    int estimate;           /* --estimate: print what the run needs, compute nothing */
-    uint64_t device_mem;    /* --device-mem: a GPU's memory, for --estimate's verdict (0: none given) */
-} opts;
+/* The options are the job's (sim/run/fs_job.h): the CLI parses and prints, the library runs. */
+typedef fs_job_opts opts;
 
 /* Option values are parsed strictly: digits only (strtol/strtoull alone would accept leading
  * blanks, a sign that wraps, or a value out of range with errno = ERANGE saturated silently). */
@@ -409,55 +398,6 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     return FS_OK;
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* All ranks agree on an error: the worst code wins; rank 0 reports it (its own message, or a
- * note that another rank failed). */
-static int agree(const fs_group *w, int rc, fs_err *e)
-{
-    /* main prints rank 0's message; a rank that failed alone (rank 0 fine) says why itself */
-    int r0 = rc;
-    fs_bcast(w, 0, &r0, sizeof r0);
-    if (rc && !r0) fprintf(stderr, "flux-sim: error on rank %d: %s\n", w->rank, e->msg);
-    int all = fs_allreduce_max_int(w, rc);
-    if (all && !rc) fs_errf(e, all, "another rank failed (its message is above)");
-    return all;
-}
-
-/* --config NAME|FILE|DIR (fs_pipeline_load_config); without it, the config.json beside --weights
- * (its transformer or pipeline folder, fs_pipeline.h): the checkpoint says what model it is.
- * Else the default preset. */
-static int load_config(const char *name, const char *weights, fs_config *c, fs_err *e)
-{
-    if (name) return fs_pipeline_load_config(c, name, e);
-    fs_pipeline p;
-    int rc = weights ? fs_pipeline_resolve(&p, weights, e) : FS_OK;
-    if (!rc) rc = weights && p.config ? fs_pipeline_config_file(c, p.config, e) : fs_config_preset(c, "default", e);
-    if (weights) fs_pipeline_free(&p); /* resolve leaves p initialised either way */
-    return rc;
-}
-
-/* --scheduler when given; else the pipeline's scheduler/scheduler_config.json when --weights is
- * in a pipeline folder; else FLUX.1-dev's (guidance embedder) or -schnell's. */
-static int load_sched(const opts *o, const fs_config *c, fs_sched_config *s, fs_err *e)
-{
-    if (!o->scheduler && o->weights) {
-        fs_pipeline p;
-        int rc = fs_pipeline_resolve(&p, o->weights, e);
-        if (rc) return rc;
-        if (p.scheduler) rc = fs_pipeline_sched_file(s, p.scheduler, e);
-        const int done = p.scheduler != NULL;
-        fs_pipeline_free(&p);
-        if (rc || done) return rc;
-    }
-    return fs_sched_preset(s, o->scheduler ? o->scheduler : (c->guidance_embeds ? "dev" : "schnell"), e);
-}
-
 static volatile sig_atomic_t sig_rank, sig_quiet; /* the signal handlers' state (below main's helpers) */
 
 /* A run that fails on one rank in the middle of the sampling loop (not a --check divergence,
@@ -472,166 +412,19 @@ static _Noreturn void end_job(const fs_group *world, fs_err *e)
     fs_comm_abort(2);
 }
 
-/* A bfloat16 run replayed in float32 or float64 embeds other timesteps and guidance than it did
- * (3500 instead of the 3504 a bf16 transformer embeds): say so, once, before the user reads the
- * diff as a bug. */
-static void note_bf16_replay(const opts *o, fs_dtype dt)
-{
-    fo_file *f = NULL;
-    fs_err ignore = {0};
-    if (dt == FS_BF16 || o->match || fo_file_open(&f, o->inputs, &ignore)) return;
-    if (!strcmp(fo_file_dtype(f), "bfloat16"))
-        fprintf(stderr, "flux-sim: note: %s is a bfloat16 run; replaying it in %s embeds unrounded timesteps and guidance. "
-                        "Replay it with --precision bf16, and judge it against --precision fp64 --match bf16 "
-                        "(docs/bf16.md)\n",
-                o->inputs, fs_dtype_name(dt));
-    fo_file_close(f);
-}
-
-/* --check of a bf16 run (rank 0): also the matched float64 truth of the same problem — the bf16
- * weights and inputs promoted exactly to float64, the timesteps and guidance a bf16 transformer
- * embeds — so every tensor is judged by the measured bf16 arbiter rule (docs/bf16.md). */
-static int record_matched_truth(const fs_config *cfg, fs_weights *w, const fs_inputs *in, fs_backend *be, fs_check *check,
-                                const fs_select *sel, fs_progress *prog, fs_err *e)
-{
-    fs_select_filter f;
-    fs_inputs tin = {0};
-    fs_weights wb = {0};
-    fs_tensor rl = {0};
-    int rc = fs_inputs_copy(&tin, in, e);
-    if (!rc) rc = fs_inputs_convert(&tin, FS_F64, e);
-    if (!rc) fs_inputs_match_bf16(&tin);
-    if (!rc) rc = fs_weights_set_dtype(w, FS_F64, e); /* made in bf16, promoted exactly */
-    if (!rc) rc = fs_weights_on(w, be, &wb, e);
-    if (!rc) {
-        fs_select_filter_init(&f, sel, fs_check_truth_recorder(check), fs_check_truth_hooks(check));
-        fs_model truth = {.cfg = *cfg, .dtype = FS_F64, .w = &wb, .stream = w->streaming ? w : NULL, .be = be,
-                          .rec = fs_select_filter_recorder(&f), .match_bf16 = 1,
-                          .on_block = fs_progress_block, .on_block_ctx = prog};
-        fs_step_hooks h = fs_select_filter_hooks(&f);
-        fs_progress_begin(prog, "matched fp64 truth", tin.n_steps);
-        rc = fs_sample(&truth, &tin, &h, &rl, e);
-        fs_progress_end(prog);
-    }
-    fs_tensor_free(&rl);
-    fs_weights_free(&wb);
-    if (!rc) rc = fs_weights_set_dtype(w, FS_BF16, e); /* back, for this rank's parallel run */
-    fs_inputs_free(&tin);
-    return rc;
-}
-
-/* --inputs of a dump whose producer did not finish (crashed, killed, disk full) is refused: its
- * inputs may be whole, but a replay is compared with that dump next, and half a run is not what
- * the user thinks they are replaying (docs/dump-format.md, completeness). */
-static int inputs_complete(const char *path, fs_err *e)
-{
-    fo_file *f = NULL;
-    fo_completeness c;
-    int rc = fo_file_open(&f, path, e);
-    if (!rc) rc = fo_file_completeness(f, &c, e);
-    if (!rc && !c.complete)
-        rc = fs_errf(e, FS_E_INPUT, "--inputs %s: partial dump (its producer did not finish): %s", path, c.reason);
-    fo_file_close(f);
-    return rc;
-}
-
-/* The run as fs_estimate sees it: sizes, layout, what is recorded, how weights are held. The
- * refusal before allocating and --estimate use the same request. full: this rank holds unsharded
- * weights (tp 1, rank 0 of an in-job --check, fused-qkv). */
-static void estimate_request(const opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps, int tp,
-                             int uly, int ring, const fs_select *sel, int root, int full, fs_estimate_req *r)
-{
-    const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
-    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    *r = (fs_estimate_req){.cfg = cfg, .dtype_size = (int)fs_dtype_size(dt), .batch = B, .img_tokens = Si,
-                           .txt_tokens = St, .steps = steps, .tp = tp, .ulysses = uly, .ring = ring,
-                           .ring_p2p = o->rotate && !strcmp(o->rotate, "p2p"), .threads = o->threads,
-                           .full_weights = full, .check = o->check, .check_in_job = root && o->check && !o->check_ref,
-                           .recording = root && (o->dump || o->check), /* rank 0 assembles */ .ranks_per_machine = 1, .config_src = o->config,
-                           .inputs_src = o->inputs, .grid_h = o->gen.grid_h, .grid_w = o->gen.grid_w,
-                           .dump_path = o->dump, .dump_compressed = o->compress > 0,
-                           .stream = fused || !strcmp(o->stream, "off") ? 0 : !strcmp(o->stream, "on") ? 1 : -1,
-                           .steps_recorded = sel->steps.all ? 0 : sel->steps.n,
-                           .modules_narrowed = sel->modules.n > 0, .baseline_bytes = FS_ESTIMATE_BASELINE,
-                           /* FLUX.1 checkpoints ship in BF16; an F32 one is read as views (its pages
-                              are the weights), which this slightly overstates */
-                           .ckpt_dtype_size = o->weights ? 2 : 0};
-    /* several ranks on one machine run one thread each unless --threads says otherwise */
-    if (!o->threads && tp * uly * ring > 1) r->threads = 1;
-}
-
-/* A run that cannot fit is refused before its weights are made: the memory of every rank on
- * this machine (rank 0 holds the whole model during an in-job --check reference) against the
- * smallest limit that applies, and an uncompressed dump against its file system's free space. */
-static int refuse_if_too_big(const opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps,
-                             const fs_select *sel, int world_size, int ranks_here, fs_err *e)
-{
-    int tp = o->tp, uly = o->ulysses, ring = o->ring; /* the layout run() will pick */
-    if (!tp && !uly && !ring) fs_par_default_layout(cfg, world_size, &tp, &uly, &ring);
-    tp = tp ? tp : 1;
-    uly = uly ? uly : 1;
-    ring = ring ? ring : 1;
-    fs_estimate_req r0, r1;
-    fs_estimate e0, e1;
-    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 1, tp == 1 || (o->check && !o->check_ref) || fused, &r0);
-    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 0, tp == 1 || fused, &r1);
-    int rc = fs_estimate_compute(&r0, &e0, e);
-    if (!rc) rc = fs_estimate_compute(&r1, &e1, e);
-    if (rc) return rc;
-    if (ranks_here > 1) { /* rank 0 and the others, as an average per rank for the message */
-        r0.ranks_per_machine = ranks_here;
-        e0.rank_bytes = (e0.rank_bytes + (uint64_t)(ranks_here - 1) * e1.rank_bytes) / (uint64_t)ranks_here;
-    }
-    char what[64];
-    const uint64_t mem = fs_estimate_mem_limit(what, sizeof what);
-    return fs_estimate_check(&r0, &e0, mem, what, o->dump ? fs_estimate_disk_free(o->dump) : UINT64_MAX, e);
-}
-
-/* --estimate: the run's needs, printed by rank 0; nothing is allocated beyond the config (and a
- * replayed dump's inputs). The layout is --tp/--ulysses/--ring, or the default for the ranks
- * the job has; every rank of it is assumed on this machine for "fits here". */
+/* --estimate: the run's needs (fs_job_estimate_compute), printed by rank 0; nothing is allocated
+ * beyond the config (and a replayed dump's inputs); every rank of the layout is assumed on this
+ * machine for "fits here". */
 static int estimate_main(const opts *o, fs_err *e)
 {
-    const fs_group *world = fs_comm_world();
-    fs_config cfg;
-    fs_inputs in = {0};
-    fs_select sel = {0};
-    int rc = fs_select_parse(&sel, o->dump_modules, o->dump_steps, e);
-    int B = o->gen.batch, steps = o->gen.steps;
-    int64_t Si = (int64_t)o->gen.grid_h * o->gen.grid_w, St = o->gen.txt_len;
-    if (!rc && o->inputs) {
-        if (!(rc = fs_dump_read_inputs(o->inputs, FS_F32, &cfg, &in, e))) {
-            B = in.B;
-            Si = in.S_img;
-            St = in.S_txt;
-            steps = in.n_steps;
-        }
-    } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
-    int tp = o->tp, uly = o->ulysses, ring = o->ring;
-    if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
-    tp = tp ? tp : 1;
-    uly = uly ? uly : 1;
-    ring = ring ? ring : 1;
-    const int n = tp * uly * ring, fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    if (!rc && (cfg.num_attention_heads % tp || cfg.num_attention_heads / tp % uly))
-        rc = fs_errf(e, FS_E_INPUT, "--estimate: %d heads do not divide over tp %d x ulysses %d",
-                     cfg.num_attention_heads, tp, uly);
-    fs_estimate_req r0, r1;
-    fs_estimate e0 = {0}, e1 = {0};
-    if (!rc) {
-        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 1,
-                         tp == 1 || (o->check && !o->check_ref) || fused, &r0);
-        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 0, tp == 1 || fused, &r1);
-        if (!(rc = fs_estimate_compute(&r0, &e0, e))) rc = fs_estimate_compute(&r1, &e1, e);
-        if (n == 1) { /* the one rank is rank 0 */
-            r1 = r0;
-            e1 = e0;
-        }
-    }
-    fs_inputs_free(&in);
-    fs_select_free(&sel);
-    if (rc || world->rank) return rc;
+    fs_job_estimate est;
+    int rc = fs_job_estimate_compute(o, &est, e);
+    if (rc || fs_comm_world()->rank) return rc;
+    const fs_config cfg = est.cfg;
+    const fs_estimate_req r0 = est.r0, r1 = est.r1;
+    const fs_estimate e0 = est.e0, e1 = est.e1;
+    const int B = est.batch, steps = est.steps, tp = est.tp, uly = est.ulysses, ring = est.ring, n = est.ranks;
+    const int64_t Si = est.s_img, St = est.s_txt;
 
     char b[16][32], what[64];
 #define BY(i, v) fs_estimate_bytes_str((v), b[i], sizeof b[i])
@@ -691,306 +484,46 @@ static int estimate_main(const opts *o, fs_err *e)
     return FS_OK;
 }
 
-/* A narrowed recording says so (docs/dump-format.md): root `recorded_steps`, each step's
- * `recorded_modules`, so a reader tells a module left out on purpose from a missing one. */
-static int declare_selection(fs_dump *d, const char *modules, const char *steps, fs_err *e)
-{
-    int rc = fs_dump_set_recorded_modules(d, modules, e);
-    if (!rc) rc = fs_dump_set_attr_string(d, "recorded_steps", steps, e);
-    return rc;
-}
-
+/* One job: configure, run, print what it did, the --check verdict. */
 static int run(const opts *o, fs_err *e)
 {
     const fs_group *world = fs_comm_world();
-    const int root = world->rank == 0, quiet = o->quiet || !root;
-    const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
-    /* --match bf16: inputs and weights are made (or read) as a bf16 run has them, then converted
-     * exactly to the run's precision */
-    const fs_dtype pdt = o->match ? FS_BF16 : dt;
-    fs_config cfg;
-    fs_inputs in = {0};
-    fs_weights w = {0}, wb = {0}; /* host weights, and as the backend computes with them */
-    fs_dump *dump = NULL, *local = NULL;
-    fs_tensor lat = {0};
-    fs_plan plan = {0};
-    fs_par par = {0};
-    fs_check *check = NULL;
-    fs_sink *sink = NULL;
-    fs_backend *be = NULL;
-    fs_select sel = {0};
-    fs_select_filter fsink, fref;
-    int made_dpr_dir = 0; /* this rank created the --dump-per-rank directory */
-    fs_progress prog; /* rank 0's progress lines on stderr; every rank times its steps */
-    fs_progress_init(&prog, quiet ? NULL : stderr);
-    char decl_modules[600], decl_steps[300];
-    int rc = FS_OK;
-    memset(&cfg, 0, sizeof cfg);
-
-    /* what is recorded (--dump-modules, --dump-steps): every rank parses the same options */
-    if ((rc = fs_select_parse(&sel, o->dump_modules, o->dump_steps, e))) return rc;
-    fs_select_modules_decl(&sel, decl_modules, sizeof decl_modules);
-    fs_select_steps_decl(&sel, decl_steps, sizeof decl_steps);
-
-    /* 0. the backend every activation lives in */
-    rc = fs_backend_open(o->backend, &be, e);
-    if (!rc && o->lse_layout) be->lse_layout = !strcmp(o->lse_layout, "bsh") ? FS_LSE_BSH : FS_LSE_BHS;
-    if ((rc = agree(world, rc, e))) goto out;
-
-    /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
-     *    setup: one source of truth, received into buffers every rank allocated itself) */
-    const int ranks_here = fs_group_node_size(world); /* collective */
-    if (root) {
-        if (o->inputs) {
-            /* the dump's config rules; --config, or else a config.json beside --weights, must agree */
-            char what[600] = "";
-            fs_config want = cfg;
-            /* the inputs first: a file with no /inputs is named as such, not as a partial dump */
-            if (!(rc = fs_dump_read_inputs(o->inputs, pdt, &cfg, &in, e)) && !(rc = inputs_complete(o->inputs, e)) &&
-                o->config) {
-                snprintf(what, sizeof what, "--config %s", o->config);
-                rc = load_config(o->config, NULL, &want, e);
-            } else if (!rc && o->weights) {
-                fs_pipeline p;
-                if (!(rc = fs_pipeline_resolve(&p, o->weights, e)) && p.config) {
-                    snprintf(what, sizeof what, "%s (beside --weights)", p.config);
-                    rc = fs_pipeline_config_file(&want, p.config, e);
-                }
-                fs_pipeline_free(&p); /* resolve leaves p initialised either way */
-            }
-            if (!rc && *what && memcmp(&want, &cfg, sizeof cfg))
-                rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
-            if (!rc)
-                rc = refuse_if_too_big(o, &cfg, in.B, in.S_img, in.S_txt, in.n_steps, &sel, world->size, ranks_here, e);
-        } else if (!(rc = load_config(o->config, o->weights, &cfg, e)) &&
-                   /* too big for this machine? refused before the inputs or any weight is made */
-                   !(rc = refuse_if_too_big(o, &cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
-                                            o->gen.txt_len, o->gen.steps, &sel, world->size, ranks_here, e))) {
-            fs_gen_params g = o->gen;
-            rc = load_sched(o, &cfg, &g.sched, e);
-            if (!rc) rc = fs_inputs_generate(&in, &cfg, pdt, &g, e);
-        }
-        if (!rc && pdt != dt) rc = fs_inputs_convert(&in, dt, e);
-        if (!rc && o->match) fs_inputs_match_bf16(&in);
-        if (!rc && o->inputs && !quiet) note_bf16_replay(o, dt);
-    }
-    if ((rc = agree(world, rc, e))) goto out;
-    fs_bcast(world, 0, &cfg, sizeof cfg);
-    rc = fs_inputs_broadcast(world, 0, &in, &cfg, dt, &o->inject, e);
-    if (rc) end_job(world, e); /* the others are inside the broadcasts */
-    if (!sel.steps.all && sel.steps.v[sel.steps.n - 1] >= in.n_steps) /* every rank has both */
-        rc = fs_errf(e, FS_E_INPUT, "--dump-steps %s: this run has %d step%s (0-%d)", decl_steps, in.n_steps,
-                     in.n_steps == 1 ? "" : "s", in.n_steps - 1);
-    if ((rc = agree(world, rc, e))) goto out;
-
-    /* 2. layout and plan */
-    int tp = o->tp, uly = o->ulysses, ring = o->ring;
-    if (!tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
-    tp = tp ? tp : 1;
-    uly = uly ? uly : 1;
-    ring = ring ? ring : 1;
-    rc = o->plan ? fs_plan_load(&plan, o->plan, e) : fs_plan_parse(&plan, fs_plan_default_text(), "built-in plan", e);
-    if (!rc)
-        rc = fs_par_init(&par, world, &cfg, tp, uly, ring,
-                         o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &plan, e);
-    par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
-    if (!rc) rc = fs_par_set_seq(&par, in.S_txt, in.S_img, e);
-    if (!rc) rc = fs_inject_refuse(par.inject, &par, &cfg, &in, e); /* an --inject that cannot act: exit 2 */
-    if ((rc = agree(world, rc, e))) goto out;
-    /* ranks sharing the cores: one thread each unless told otherwise */
-    fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
-    if (o->ar_order)
-        fs_comm_set_bf16_order(!strcmp(o->ar_order, "ring")      ? FS_BF16_ORDER_RING
-                               : !strcmp(o->ar_order, "reverse") ? FS_BF16_ORDER_REVERSE
-                                                                 : FS_BF16_ORDER_RANK);
-
-    /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
-     *    those elements are generated; checkpoints: mmap'd, only the shard's rows and columns
-     *    decoded, views where the bytes are already what the run computes with). Rank 0 holds
-     *    the full model while it runs the in-job single-rank reference of --check, and remakes its
-     *    shard afterwards. Streaming (--stream): only embedders, norm_out and proj_out stay made;
-     *    each block's parameters are made before the block and dropped after it (fs_weights.h).
-     *    fused-qkv-contiguous cuts q|k|v from full weights, so it holds them all, unstreamed. */
-    double t0 = now();
-    const int ref_in_job = o->check && !o->check_ref;
-    const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    const int full = tp == 1 || (root && ref_in_job) || fused;
-    fs_weights_opts wo = {.path = o->weights, .seed = o->weights_seed, .dtype = dt, .make_dtype = pdt, .plan = &plan,
-                          .tp = full ? 1 : tp, .tp_rank = full ? 0 : par.tp_rank, .inj = par.inject,
-                          .stream = !fused && strcmp(o->stream, "off")};
-    rc = fs_weights_open(&w, &cfg, &wo, e);
-    if (!rc && wo.stream && !strcmp(o->stream, "auto")) {
-        /* stream only what is big (bit-identical either way): this rank's block parameters in the
-         * split it runs with; every rank decides alike, by the largest */
-        double bytes = (double)fs_weights_block_bytes(&w, tp, par.tp_rank, e);
-        fs_allreduce_max_double(world, &bytes, 1);
-        if (bytes < 0) rc = FS_E_INTERNAL;
-        else if (bytes <= FS_STREAM_AUTO_BYTES) rc = fs_weights_set_streaming(&w, 0, e);
-    }
-    if (!rc && tp > 1 && fused && !(root && ref_in_job)) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
-    if ((rc = agree(world, rc, e))) goto out;
-    double t_load = now() - t0;
-
-    /* 4. the dump is created before any compute: serial, or parallel HDF5 over all ranks (the
-     *    global layout, each rank writing its hyperslabs; attributes identical on every rank) */
-    char wdesc[600], producer[320];
-    if (o->weights) snprintf(wdesc, sizeof wdesc, "%s", o->weights);
-    else snprintf(wdesc, sizeof wdesc, "synthetic seed %llu", (unsigned long long)o->weights_seed);
-    snprintf(producer, sizeof producer, "flux-sim %s (%s, %s%s)", FLUX_SIM_VERSION, be->name, fs_dtype_name(dt),
-             o->match ? ", matched to bfloat16" : "");
-    if (o->dump) {
-        rc = world->size > 1 ? fs_dump_create_parallel(&dump, o->dump, world, &cfg, dt, producer, e)
-                             : fs_dump_create(&dump, o->dump, &cfg, dt, producer, e);
-        if (!rc && !(rc = fs_dump_set_deflate(dump, o->compress, e)) && !(rc = fs_dump_write_inputs(dump, &in, e)))
-            rc = fs_dump_set_attr_string(dump, "weights", wdesc, e);
-        if (!rc && o->match) rc = fs_dump_set_attr_string(dump, "matched_to", "bfloat16", e); /* as the reference's */
-        if (!rc && !fs_select_all(&sel)) rc = declare_selection(dump, decl_modules, decl_steps, e);
-    }
-    if (!rc && o->dump_per_rank) {
-        char path[1024], lprod[400];
-        if (!mkdir(o->dump_per_rank, 0777)) made_dpr_dir = 1;
-        else if (errno != EEXIST)
-            rc = fs_errf(e, FS_E_IO, "%s: cannot create directory: %s", o->dump_per_rank, strerror(errno));
-        snprintf(path, sizeof path, "%s/rank_%d.h5", o->dump_per_rank, world->rank);
-        snprintf(lprod, sizeof lprod, "%s, rank %d local view", producer, world->rank);
-        if (!rc && !(rc = fs_dump_create(&local, path, &cfg, dt, lprod, e)) &&
-            !(rc = fs_dump_set_deflate(local, o->compress, e)) && !(rc = fs_dump_write_inputs(local, &in, e)))
-            rc = fs_dump_set_attr_string(local, "weights", w.source, e);
-        if (!rc && local && !fs_select_all(&sel)) rc = declare_selection(local, decl_modules, decl_steps, e);
-    }
-    if (o->dump_per_rank) { /* same on every rank: this job made the directory (one rank did); every
-                               rank removes it if the job fails, or is killed, and it is empty */
-        made_dpr_dir = fs_allreduce_max_int(world, made_dpr_dir);
-        if (made_dpr_dir) fs_cleanup_add(o->dump_per_rank);
-    }
-    if (o->check) {
-        fs_check_tol tol = fs_check_default_tol(dt);
-        if (o->rtol > 0) tol.rtol = o->rtol;
-        if (o->rtol_max > 0) tol.mtol = o->rtol_max;
-        if (!rc) rc = fs_check_create(&check, &par, dt, tol, o->rtol > 0 || o->rtol_max > 0, o->check_ref, e);
-        if (!rc) fs_check_set_break(check, o->brk);
-    }
-    if (!rc) { /* from here on the sink owns the dumps */
-        fs_sink_opts so = {.par = &par, .dump = dump, .local = local, .check = check};
-        if (!(rc = fs_sink_create(&sink, &so, e))) dump = local = NULL;
-    }
-    if ((rc = agree(world, rc, e))) goto out;
-
-    char lay[128];
-    fs_par_describe(&par, lay, sizeof lay);
-    if (!quiet)
+    const int quiet = o->quiet || world->rank != 0;
+    fs_job *job = NULL;
+    int rc = fs_job_configure(&job, o, e);
+    const fs_job_summary *s = job ? fs_job_get_summary(job) : NULL;
+    if (!rc && !quiet)
         printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s on %s; weights: %s (%.2f s)\n"
                "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n"
                "  layout: %d rank%s, %s%s%s\n",
-               FLUX_SIM_VERSION, cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads, cfg.attention_head_dim,
-               fs_dtype_name(dt), be->name, w.source, t_load, o->inputs ? o->inputs : "generated", in.B, in.S_img,
-               in.S_txt, in.n_steps, world->size, world->size > 1 ? "s" : "", lay, tp > 1 ? "; TP plan: " : "",
-               tp > 1 ? plan.source : "");
-
-    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
-     *    cuts its weights to its TP shard like every other rank */
-    if (ref_in_job && root) {
-        fs_select_filter_init(&fref, &sel, fs_check_ref_recorder(check), fs_check_ref_hooks(check));
-        fs_model ref = {.cfg = cfg, .dtype = dt, .w = &wb, .be = be, .rec = fs_select_filter_recorder(&fref),
-                        .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &prog};
-        fs_step_hooks h = fs_select_filter_hooks(&fref);
-        fs_tensor rl = {0};
-        t0 = now();
-        ref.stream = w.streaming ? &w : NULL;
-        fs_progress_begin(&prog, "single-rank reference", in.n_steps);
-        if (!(rc = fs_weights_on(&w, be, &wb, e))) rc = fs_sample(&ref, &in, &h, &rl, e);
-        fs_progress_end(&prog);
-        fs_tensor_free(&rl);
-        fs_weights_free(&wb);
-        if (!rc && dt == FS_BF16) rc = record_matched_truth(&cfg, &w, &in, be, check, &sel, &prog, e);
-        if (!rc && tp > 1 && fused) rc = fs_weights_shard(&w, &plan, tp, par.tp_rank, par.inject, e);
-        else if (!rc && tp > 1) rc = fs_weights_resplit(&w, &plan, tp, par.tp_rank, par.inject, e);
-        if (!rc && !quiet) printf("  single-rank reference: %.3f s\n", now() - t0);
-    }
-    if (!rc) rc = fs_weights_on(&w, be, &wb, e);
-    if ((rc = agree(world, rc, e))) goto out;
-
-    /* 6. the run in this layout */
-    fs_model m = {.cfg = cfg, .dtype = dt, .w = &wb, .stream = w.streaming ? &w : NULL, .be = be, .par = &par,
-                  .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &prog};
-    /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
-     * collective that one rank skips is a hang */
-    const int recording = o->dump || o->dump_per_rank || check;
-    fs_select_filter_init(&fsink, &sel, recording ? fs_sink_recorder(sink) : (fs_recorder){0}, fs_sink_hooks(sink));
-    m.rec = fs_select_filter_recorder(&fsink);
-    fs_step_hooks hooks = fs_select_filter_hooks(&fsink);
-    t0 = now();
-    fs_comm_stats_reset();
-    fs_progress_begin(&prog, world->size > 1 ? "parallel run" : "run", in.n_steps);
-    rc = fs_sample(&m, &in, &hooks, &lat, e);
-    fs_progress_end(&prog);
-    double t_run = now() - t0;
-    if (o->comm_stats && (rc == FS_OK || rc == FS_DIVERGED)) {
-        fs_comm_stats cs;
-        fs_comm_stats_get(&cs);
+               FLUX_SIM_VERSION, s->cfg.num_layers, s->cfg.num_single_layers, s->cfg.num_attention_heads,
+               s->cfg.attention_head_dim, fs_dtype_name(s->dtype), s->backend, s->weights_src, s->t_load,
+               s->inputs ? s->inputs : "generated", s->batch, s->s_img, s->s_txt, s->n_steps, s->world_size,
+               s->world_size > 1 ? "s" : "", s->layout, s->tp > 1 ? "; TP plan: " : "", s->tp > 1 ? s->plan_source : "");
+    if (!rc) rc = fs_job_run(job, e);
+    if (fs_job_must_abort(job)) end_job(world, e);
+    if ((rc == FS_OK || rc == FS_DIVERGED) && !quiet && s->t_reference >= 0)
+        printf("  single-rank reference: %.3f s\n", s->t_reference);
+    if ((rc == FS_OK || rc == FS_DIVERGED) && s->has_comm_stats) { /* every rank: its own counters */
         char line[512];
         size_t n = (size_t)snprintf(line, sizeof line, "comm-stats rank %d:", world->rank);
         for (int k = 0; k < FS_COMM_NKINDS; k++)
             n += (size_t)snprintf(line + n, sizeof line - n, " %s %lld/%lld", fs_comm_kind_name((fs_comm_kind)k),
-                                  (long long)cs.calls[k], (long long)cs.bytes[k]);
+                                  (long long)s->comm.calls[k], (long long)s->comm.bytes[k]);
         printf("%s (calls/bytes sent)\n", line);
         fflush(stdout);
     }
-    if (rc == FS_DIVERGED) goto out; /* every rank got the same verdict from the same record */
-    if (rc && world->size > 1 && !fs_check_agreed_error(check) && !fs_sink_agreed_error(sink)) end_job(world, e);
-    if (rc) goto out;
-    if (check) rc = fs_check_finish(check, e);
-    if (!rc) rc = fs_sink_finish(sink, plan.source, &lat, e);
-    int rc_inj = fs_inject_after_run(par.inject, world, rc ? NULL : e); /* a collective: armed but never fired */
-    if (!rc) rc = rc_inj;
-    if ((rc = agree(world, rc, e))) goto out;
-    double wpeak = (double)w.peak_bytes; /* every rank: a collective */
-    fs_allreduce_max_double(world, &wpeak, 1);
-    if (!quiet) {
-        fs_tensor hl;
-        if ((rc = fs_tensor_host_view(&lat, &hl, e))) goto out;
-        double s = 0, s2 = 0;
-        int64_t n = fs_tensor_numel(&hl), bad = 0;
-        for (int64_t i = 0; i < n; i++) {
-            double v = fs_tensor_get(&hl, i);
-            if (!isfinite(v)) bad++;
-            s += v;
-            s2 += v * v;
-        }
-        fs_tensor_free(&hl);
-        printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", t_run,
-               t_run / in.n_steps, s / n, sqrt(s2 / n - (s / n) * (s / n)), (long long)bad);
-        char steps[160];
-        double rss, peak;
-        fs_mem_rss(&rss, &peak);
-        printf("  per step: %s; rank 0 peak RSS %.2f GiB\n", fs_progress_step_summary(&prog, steps, sizeof steps),
-               peak / 1073741824.0);
+    if (rc == FS_OK && !quiet) {
+        printf("  sampled in %.3f s (%.3f s/step); final latents mean %.6g std %.6g, %lld non-finite\n", s->t_run,
+               s->t_run / s->n_steps, s->lat_mean, s->lat_std, (long long)s->lat_nonfinite);
+        printf("  per step: %s; rank 0 peak RSS %.2f GiB\n", s->step_summary, s->peak_rss / 1073741824.0);
         printf("  weights held: %.1f MiB at most on a rank (%s; views into a checkpoint not counted)\n",
-               wpeak / 1048576.0, w.streaming ? "streamed block by block" : "every parameter resident");
+               s->weights_peak / 1048576.0, s->streamed ? "streamed block by block" : "every parameter resident");
         if (o->dump) printf("  dump: %s\n", o->dump);
     }
-out:
-    if (check && root && (rc == FS_OK || rc == FS_DIVERGED)) fputs(fs_check_report(check), rc ? stderr : stdout);
-    if (check && rc == FS_OK && fs_check_diverged(check)) rc = FS_DIVERGED;
-    fs_sink_free(sink); /* aborts (deletes) any dump not finished */
-    fs_dump_abort(dump);
-    fs_dump_abort(local);
-    /* a failed run leaves no --dump-per-rank directory it created (rmdir only removes it empty:
-     * the other ranks' files, if any were published, keep it) */
-    if (made_dpr_dir) {
-        fs_cleanup_remove(o->dump_per_rank);
-        if (rc && rc != FS_DIVERGED) rmdir(o->dump_per_rank);
-    }
-    fs_check_free(check);
-    fs_tensor_free(&lat);
-    fs_weights_free(&wb);
-    fs_weights_free(&w);
-    fs_inputs_free(&in);
-    fs_par_free(&par);
-    fs_plan_free(&plan);
-    fs_backend_close(be);
-    fs_select_free(&sel);
-    fs_progress_free(&prog);
+    const char *report = fs_job_check_report(job);
+    if (report) fputs(report, rc ? stderr : stdout);
+    fs_job_free(job);
     return rc;
 }
 
