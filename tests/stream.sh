@@ -10,16 +10,9 @@
 #   * fused-qkv-contiguous, which needs every rank's full q|k|v and so never streams.
 # And it holds less: the peak of weights held is at most the top-level parameters plus one
 # block (checked against the unstreamed peak), and --stream auto leaves small models resident.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=${FLUX_BUILD:-build}/flux-sim
+. "$(dirname "$0")/lib.sh"
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-T=$(mktemp -d /tmp/fluxsim-stream-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+tmpdir stream
 
 # same <tag> <np> <flux-sim args...>: the run with --stream on and off; dumps bit-identical
 same() {
@@ -54,7 +47,7 @@ if [ -d "$ref/tiny" ]; then
     same "$cfg fp64 --tp 2 --ring 2 --check" 4 $W --precision fp64 --tp 2 --ring 2 --check
   done
 else
-  echo "*** SKIPPED streaming on the reference checkpoints: $ref not found — these did NOT run ***"
+  skip "streaming on the reference checkpoints: $ref not found — these did NOT run"
 fi
 same "synthetic default config, 2 steps" 1 --steps 2 --grid 4x4
 same "synthetic --tp 4 --check" 4 --steps 2 --grid 4x4 --tp 4 --check
@@ -89,5 +82,4 @@ else bad "--stream auto streamed a small model"; fi
 if [ $rc -eq 2 ] && [ "$(wc -l <"$T/d.log")" -eq 1 ] && grep -q -- "--stream: 'maybe'" "$T/d.log"; then ok "--stream maybe: exit 2, one line"
 else bad "--stream maybe: exit $rc: $(cat "$T/d.log")"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
