@@ -305,34 +305,23 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     return rc;
 }
 
-int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
+static int configure_backend(fs_job *j, fs_err *e)
 {
-    fs_job *j = calloc(1, sizeof *j);
-    *jp = j;
-    if (!j) return fs_errf(e, FS_E_NOMEM, "flux-sim: out of memory for the job");
-    j->opt = *opts;
-    const fs_job_opts *o = j->o = &j->opt;
+    const fs_job_opts *o = j->o;
     const fs_group *world = fs_comm_world();
-    j->root = world->rank == 0;
-    j->quiet = o->quiet || !j->root;
-    j->dt = fs_job_dtype(o);
-    /* --match bf16: inputs and weights are made (or read) as a bf16 run has them, then converted
-     * exactly to the run's precision */
-    j->pdt = o->match ? FS_BF16 : j->dt;
-    j->sum.t_reference = -1;
-    fs_progress_init(&j->prog, j->quiet ? NULL : stderr);
     int rc = FS_OK;
-
-    /* what is recorded (--dump-modules, --dump-steps): every rank parses the same options */
-    if ((rc = fs_select_parse(&j->sel, o->dump_modules, o->dump_steps, e))) goto out;
-    fs_select_modules_decl(&j->sel, j->decl_modules, sizeof j->decl_modules);
-    fs_select_steps_decl(&j->sel, j->decl_steps, sizeof j->decl_steps);
-
     /* 0. the backend every activation lives in */
     rc = fs_backend_open(o->backend, &j->be, e);
     if (!rc && o->lse_layout) j->be->lse_layout = !strcmp(o->lse_layout, "bsh") ? FS_LSE_BSH : FS_LSE_BHS;
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
+    return rc;
+}
 
+static int configure_inputs(fs_job *j, fs_err *e)
+{
+    const fs_job_opts *o = j->o;
+    const fs_group *world = fs_comm_world();
+    int rc = FS_OK;
     /* 1. rank 0 produces or loads the config and inputs, and broadcasts them (the GPU scripts'
      *    setup: one source of truth, received into buffers every rank allocated itself) */
     const int ranks_here = fs_group_node_size(world); /* collective */
@@ -370,18 +359,25 @@ int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
         if (!rc && o->match) fs_inputs_match_bf16(&j->in);
         if (!rc && o->inputs && !j->quiet) note_bf16_replay(o, j->dt);
     }
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
     fs_bcast(world, 0, &j->cfg, sizeof j->cfg);
     rc = fs_inputs_broadcast(world, 0, &j->in, &j->cfg, j->dt, &o->inject, e);
     if (rc) { /* the others are inside the broadcasts: agreeing would hang */
         j->must_abort = 1;
-        goto out;
+        return rc;
     }
     if (!j->sel.steps.all && j->sel.steps.v[j->sel.steps.n - 1] >= j->in.n_steps) /* every rank has both */
         rc = fs_errf(e, FS_E_INPUT, "--dump-steps %s: this run has %d step%s (0-%d)", j->decl_steps, j->in.n_steps,
                      j->in.n_steps == 1 ? "" : "s", j->in.n_steps - 1);
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
+    return rc;
+}
 
+static int configure_layout(fs_job *j, fs_err *e)
+{
+    const fs_job_opts *o = j->o;
+    const fs_group *world = fs_comm_world();
+    int rc = FS_OK;
     /* 2. layout and plan */
     j->tp = o->tp, j->uly = o->ulysses, j->ring = o->ring;
     if (!j->tp && !j->uly && !j->ring) fs_par_default_layout(&j->cfg, world->size, &j->tp, &j->uly, &j->ring);
@@ -395,14 +391,21 @@ int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
     j->par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&j->par, j->in.S_txt, j->in.S_img, e);
     if (!rc) rc = fs_inject_refuse(j->par.inject, &j->par, &j->cfg, &j->in, e); /* an --inject that cannot act: exit 2 */
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
     if (o->ar_order)
         fs_comm_set_bf16_order(!strcmp(o->ar_order, "ring")      ? FS_BF16_ORDER_RING
                                : !strcmp(o->ar_order, "reverse") ? FS_BF16_ORDER_REVERSE
                                                                  : FS_BF16_ORDER_RANK);
+    return rc;
+}
 
+static int configure_weights(fs_job *j, fs_err *e)
+{
+    const fs_job_opts *o = j->o;
+    const fs_group *world = fs_comm_world();
+    int rc = FS_OK;
     /* 3. weights: each rank holds only its TP shard of the plan-split Linears (synthetic: only
      *    those elements are generated; checkpoints: mmap'd, only the shard's rows and columns
      *    decoded, views where the bytes are already what the run computes with). Rank 0 holds
@@ -427,9 +430,16 @@ int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
         else if (bytes <= FS_STREAM_AUTO_BYTES) rc = fs_weights_set_streaming(&j->w, 0, e);
     }
     if (!rc && j->tp > 1 && j->fused && !(j->root && j->ref_in_job)) rc = fs_weights_shard(&j->w, &j->plan, j->tp, j->par.tp_rank, j->par.inject, e);
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
     j->sum.t_load = now() - t0;
+    return rc;
+}
 
+static int configure_outputs(fs_job *j, fs_err *e)
+{
+    const fs_job_opts *o = j->o;
+    const fs_group *world = fs_comm_world();
+    int rc = FS_OK;
     /* 4. the dump is created before any compute: serial, or parallel HDF5 over all ranks (the
      *    global layout, each rank writing its hyperslabs; attributes identical on every rank) */
     char wdesc[600], producer[320];
@@ -473,7 +483,36 @@ int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
         fs_sink_opts so = {.par = &j->par, .dump = j->dump, .local = j->local, .check = j->check};
         if (!(rc = fs_sink_create(&j->sink, &so, e))) j->dump = j->local = NULL;
     }
-    if ((rc = fs_job_agree(world, rc, e))) goto out;
+    if ((rc = fs_job_agree(world, rc, e))) return rc;
+    return rc;
+}
+
+int fs_job_configure(fs_job **jp, const fs_job_opts *opts, fs_err *e)
+{
+    fs_job *j = calloc(1, sizeof *j);
+    *jp = j;
+    if (!j) return fs_errf(e, FS_E_NOMEM, "flux-sim: out of memory for the job");
+    j->opt = *opts;
+    const fs_job_opts *o = j->o = &j->opt;
+    const fs_group *world = fs_comm_world();
+    j->root = world->rank == 0;
+    j->quiet = o->quiet || !j->root;
+    j->dt = fs_job_dtype(o);
+    /* --match bf16: inputs and weights are made (or read) as a bf16 run has them, then converted
+     * exactly to the run's precision */
+    j->pdt = o->match ? FS_BF16 : j->dt;
+    j->sum.t_reference = -1;
+    fs_progress_init(&j->prog, j->quiet ? NULL : stderr);
+    int rc = FS_OK;
+
+    /* what is recorded (--dump-modules, --dump-steps): every rank parses the same options */
+    if ((rc = fs_select_parse(&j->sel, o->dump_modules, o->dump_steps, e))) goto out;
+    fs_select_modules_decl(&j->sel, j->decl_modules, sizeof j->decl_modules);
+    fs_select_steps_decl(&j->sel, j->decl_steps, sizeof j->decl_steps);
+    if (!(rc = configure_backend(j, e)) && !(rc = configure_inputs(j, e)) && !(rc = configure_layout(j, e)) &&
+        !(rc = configure_weights(j, e)))
+        rc = configure_outputs(j, e);
+    if (rc) goto out;
     j->sum.cfg = j->cfg;
     j->sum.dtype = j->dt;
     j->sum.backend = j->be->name;
@@ -492,6 +531,56 @@ out:
     return rc;
 }
 
+/* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs (and in
+ *    bf16 the matched float64 truth), then cuts its weights to its TP shard like every other rank */
+static int run_check_reference(fs_job *j, fs_err *e)
+{
+    const fs_job_opts *o = j->o;
+    int rc = FS_OK;
+    fs_select_filter_init(&j->fref, &j->sel, fs_check_ref_recorder(j->check), fs_check_ref_hooks(j->check));
+    fs_model ref = {.cfg = j->cfg, .dtype = j->dt, .w = &j->wb, .be = j->be, .rec = fs_select_filter_recorder(&j->fref),
+                    .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog};
+    fs_step_hooks h = fs_select_filter_hooks(&j->fref);
+    fs_tensor rl = {0};
+    double t0 = now();
+    ref.stream = j->w.streaming ? &j->w : NULL;
+    fs_progress_begin(&j->prog, "single-rank reference", j->in.n_steps);
+    if (!(rc = fs_weights_on(&j->w, j->be, &j->wb, e))) rc = fs_sample(&ref, &j->in, &h, &rl, e);
+    fs_progress_end(&j->prog);
+    fs_tensor_free(&rl);
+    fs_weights_free(&j->wb);
+    if (!rc && j->dt == FS_BF16) rc = record_matched_truth(&j->cfg, &j->w, &j->in, j->be, j->check, &j->sel, &j->prog, e);
+    if (!rc && j->tp > 1 && j->fused) rc = fs_weights_shard(&j->w, &j->plan, j->tp, j->par.tp_rank, j->par.inject, e);
+    else if (!rc && j->tp > 1) rc = fs_weights_resplit(&j->w, &j->plan, j->tp, j->par.tp_rank, j->par.inject, e);
+    if (!rc) j->sum.t_reference = now() - t0;
+    return rc;
+}
+
+/* The final latents' statistics (the CLI's one-line fingerprint of a run) and the run's times and
+ * memory, for fs_job_summary. */
+static int summarize(fs_job *j, fs_err *e)
+{
+    fs_tensor hl;
+    int rc = fs_tensor_host_view(&j->lat, &hl, e);
+    if (rc) return rc;
+    double s = 0, s2 = 0;
+    int64_t n = fs_tensor_numel(&hl), bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = fs_tensor_get(&hl, i);
+        if (!isfinite(v)) bad++;
+        s += v;
+        s2 += v * v;
+    }
+    fs_tensor_free(&hl);
+    j->sum.lat_mean = s / n;
+    j->sum.lat_std = sqrt(s2 / n - (s / n) * (s / n));
+    j->sum.lat_nonfinite = bad;
+    fs_progress_step_summary(&j->prog, j->sum.step_summary, sizeof j->sum.step_summary);
+    double rss;
+    fs_mem_rss(&rss, &j->sum.peak_rss);
+    return FS_OK;
+}
+
 int fs_job_run(fs_job *j, fs_err *e)
 {
     const fs_job_opts *o = j->o;
@@ -499,26 +588,7 @@ int fs_job_run(fs_job *j, fs_err *e)
     int rc = j->rc;
     if (rc) return rc; /* configure failed: nothing to run */
 
-    /* 5. --check: rank 0 first records the single-rank reference of the same weights/inputs, then
-     *    cuts its weights to its TP shard like every other rank */
-    if (j->ref_in_job && j->root) {
-        fs_select_filter_init(&j->fref, &j->sel, fs_check_ref_recorder(j->check), fs_check_ref_hooks(j->check));
-        fs_model ref = {.cfg = j->cfg, .dtype = j->dt, .w = &j->wb, .be = j->be, .rec = fs_select_filter_recorder(&j->fref),
-                        .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog};
-        fs_step_hooks h = fs_select_filter_hooks(&j->fref);
-        fs_tensor rl = {0};
-        double t0 = now();
-        ref.stream = j->w.streaming ? &j->w : NULL;
-        fs_progress_begin(&j->prog, "single-rank reference", j->in.n_steps);
-        if (!(rc = fs_weights_on(&j->w, j->be, &j->wb, e))) rc = fs_sample(&ref, &j->in, &h, &rl, e);
-        fs_progress_end(&j->prog);
-        fs_tensor_free(&rl);
-        fs_weights_free(&j->wb);
-        if (!rc && j->dt == FS_BF16) rc = record_matched_truth(&j->cfg, &j->w, &j->in, j->be, j->check, &j->sel, &j->prog, e);
-        if (!rc && j->tp > 1 && j->fused) rc = fs_weights_shard(&j->w, &j->plan, j->tp, j->par.tp_rank, j->par.inject, e);
-        else if (!rc && j->tp > 1) rc = fs_weights_resplit(&j->w, &j->plan, j->tp, j->par.tp_rank, j->par.inject, e);
-        if (!rc) j->sum.t_reference = now() - t0;
-    }
+    if (j->ref_in_job && j->root) rc = run_check_reference(j, e);
     if (!rc) rc = fs_weights_on(&j->w, j->be, &j->wb, e);
     if ((rc = fs_job_agree(world, rc, e))) goto out;
 
@@ -557,24 +627,7 @@ int fs_job_run(fs_job *j, fs_err *e)
     fs_allreduce_max_double(world, &wpeak, 1);
     j->sum.weights_peak = wpeak;
     j->sum.streamed = j->w.streaming;
-    /* the final latents' statistics, what the CLI prints as the run's one-line fingerprint */
-    fs_tensor hl;
-    if ((rc = fs_tensor_host_view(&j->lat, &hl, e))) goto out;
-    double s = 0, s2 = 0;
-    int64_t n = fs_tensor_numel(&hl), bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double v = fs_tensor_get(&hl, i);
-        if (!isfinite(v)) bad++;
-        s += v;
-        s2 += v * v;
-    }
-    fs_tensor_free(&hl);
-    j->sum.lat_mean = s / n;
-    j->sum.lat_std = sqrt(s2 / n - (s / n) * (s / n));
-    j->sum.lat_nonfinite = bad;
-    fs_progress_step_summary(&j->prog, j->sum.step_summary, sizeof j->sum.step_summary);
-    double rss;
-    fs_mem_rss(&rss, &j->sum.peak_rss);
+    rc = summarize(j, e);
 out:
     if (j->check && rc == FS_OK && fs_check_diverged(j->check)) rc = FS_DIVERGED;
     j->rc = rc;
