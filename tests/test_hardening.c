@@ -369,6 +369,63 @@ static void test_safetensors_control_chars(void **s)
     }
 }
 
+/* fs_printable: what an error line may echo of hostile text */
+static void test_printable(void **state)
+{
+    (void)state;
+    char b[64];
+    assert_string_equal(fs_printable("proj_out", b, sizeof b, 256), "proj_out");
+    /* a newline and a terminal escape cannot add a line or drive the terminal */
+    assert_string_equal(fs_printable("Flux\nflux-sim: OK\x1b[2J", b, sizeof b, 256), "Flux\\nflux-sim: OK\\x1B[2J");
+    /* valid UTF-8 passes; surrogates, U+FFFE, overlong forms, > U+10FFFF and stray bytes do not */
+    assert_string_equal(fs_printable("\xce\x94 \xe2\x80\x94", b, sizeof b, 256), "\xce\x94 \xe2\x80\x94");
+    assert_string_equal(fs_printable("a\xed\xa0\x80", b, sizeof b, 256), "a\\xED\\xA0\\x80");
+    assert_string_equal(fs_printable("\xef\xbf\xbe", b, sizeof b, 256), "\\xEF\\xBF\\xBE");
+    assert_string_equal(fs_printable("\xe0\x80\xbc", b, sizeof b, 256), "\\xE0\\x80\\xBC");
+    assert_string_equal(fs_printable("\xf4\x90\x80\x80", b, sizeof b, 256), "\\xF4\\x90\\x80\\x80");
+    assert_string_equal(fs_printable("\xc3", b, sizeof b, 256), "\\xC3");
+    /* long text is cut visibly, never silently, and never past the buffer */
+    char big[5000];
+    memset(big, 'L', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    fs_printable(big, b, sizeof b, 256);
+    assert_true(strlen(b) < sizeof b);
+    assert_non_null(strstr(b, "...(4999 bytes)"));
+    fs_printable(big, b, sizeof b, 10);
+    assert_string_equal(b, "LLLLLLLLLL...(4999 bytes)");
+    char tiny[4];
+    fs_printable("abcdef", tiny, sizeof tiny, 256);
+    assert_int_equal(strlen(tiny), 3);
+}
+
+/* fs_require_regular_file: a FIFO is refused without being opened (an open would block) */
+static void test_require_regular_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/fluxsim-reg-XXXXXX", p[128];
+    assert_non_null(mkdtemp(dir));
+    fs_err e = {0};
+    snprintf(p, sizeof p, "%s/fifo.h5", dir);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_equal(fs_require_regular_file(p, "dump", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "a FIFO"));
+    unlink(p);
+    snprintf(p, sizeof p, "%s/dangling", dir);
+    assert_int_equal(symlink("/nonexistent/x", p), 0);
+    assert_int_equal(fs_require_regular_file(p, "config", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "dangling symbolic link"));
+    unlink(p);
+    assert_int_equal(fs_require_regular_file(dir, "dump", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "a directory"));
+    snprintf(p, sizeof p, "%s/f", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(fs_require_regular_file(p, "dump", &e), FS_OK);
+    unlink(p);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +444,8 @@ int main(void)
         cmocka_unit_test(test_plan_empty_and_binary),
         cmocka_unit_test(test_plan_width_digits),
         cmocka_unit_test(test_safetensors_control_chars),
+        cmocka_unit_test(test_printable),
+        cmocka_unit_test(test_require_regular_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,3 +108,87 @@ int fs_read_text_file(const char *path, const char *what, const char *limit, siz
     *text = buf;
     return FS_OK;
 }
+
+/* the length of the valid UTF-8 sequence at s (1-4; 0: not valid UTF-8): well-formed per RFC 3629,
+ * so overlong forms, surrogates (U+D800-DFFF) and code points above U+10FFFF are not valid */
+static size_t utf8_valid_len(const unsigned char *s, size_t left)
+{
+    const unsigned char c = s[0];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) return 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07;
+    else return 0;
+    if (len > left) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
+    if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+    if (cp == 0xFFFE || cp == 0xFFFF) return 0; /* not characters: XML refuses them too */
+    return len;
+}
+
+const char *fs_printable_n(const char *s, size_t len, char *buf, size_t n, size_t max_in)
+{
+    if (!buf || n == 0) return buf;
+    size_t o = 0;
+    const unsigned char *u = (const unsigned char *)(s ? s : "");
+    const size_t show = len < max_in ? len : max_in;
+    char tail[48] = "";
+    if (show < len) snprintf(tail, sizeof tail, "...(%zu bytes)", len);
+    const size_t room = n - 1 > strlen(tail) ? n - 1 - strlen(tail) : 0;
+    for (size_t i = 0; i < show;) {
+        char esc[8];
+        size_t k = utf8_valid_len(u + i, show - i);
+        const char *piece;
+        size_t plen;
+        if (k == 1 && u[i] >= 0x20 && u[i] != 0x7F) piece = (const char *)u + i, plen = 1;
+        else if (k > 1) piece = (const char *)u + i, plen = k;
+        else {
+            const unsigned char c = u[i];
+            if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+            else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+            else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+            else snprintf(esc, sizeof esc, "\\x%02X", c);
+            piece = esc, plen = strlen(esc), k = 1;
+        }
+        if (o + plen > room) {
+            snprintf(tail, sizeof tail, "...(%zu bytes)", len);
+            break;
+        }
+        memcpy(buf + o, piece, plen);
+        o += plen;
+        i += k;
+    }
+    size_t tl = strlen(tail);
+    if (o + tl > n - 1) tl = n - 1 - o;
+    memcpy(buf + o, tail, tl);
+    buf[o + tl] = 0;
+    return buf;
+}
+
+const char *fs_printable(const char *s, char *buf, size_t n, size_t max_in)
+{
+    return fs_printable_n(s, s ? strlen(s) : 0, buf, n, max_in);
+}
+
+int fs_require_regular_file(const char *path, const char *what, fs_err *e)
+{
+    struct stat st;
+    char p[320];
+    fs_printable(path, p, sizeof p, 256);
+    if (stat(path, &st) != 0) {
+        const int err = errno;
+        struct stat lst;
+        if (err == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+            return fs_errf(e, FS_E_INPUT, "%s: %s is a dangling symbolic link", p, what);
+        return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", p, what, strerror(err));
+    }
+    if (S_ISREG(st.st_mode)) return FS_OK;
+    return fs_errf(e, FS_E_INPUT, "%s: %s is %s, not a regular file", p, what,
+                   S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
+}

@@ -70,4 +70,18 @@ const char *fs_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
  * mistake fails the regular-file check instead of hanging open(). */
 int fs_read_text_file(const char *path, const char *what, const char *limit, size_t max, char **text, fs_err *e);
 
+/* Text from a file or the command line, made safe to print in a one-line message: control
+ * characters (newline, ESC, ...) and DEL become \n, \t, \xHH; bytes that are not valid UTF-8
+ * become \xHH; the result is cut to fit n (at most max_in input bytes are shown, then
+ * "...(N bytes)"). A hostile name can neither add a line nor drive the terminal. Returns buf. */
+const char *fs_printable(const char *s, char *buf, size_t n, size_t max_in);
+/* The same for a byte string of known length (a dataset name need not be NUL-free). */
+const char *fs_printable_n(const char *s, size_t len, char *buf, size_t n, size_t max_in);
+
+/* 0 when `path` names a regular file (following symlinks); else an FS_E_INPUT error naming it as
+ * `what` and saying what it is instead (missing, a dangling symlink, a directory, a FIFO, a
+ * device or socket). Never opens the path: a FIFO cannot block it. For HDF5 files and
+ * checkpoints, which libraries open themselves. */
+int fs_require_regular_file(const char *path, const char *what, fs_err *e);
+
 #endif
