@@ -19,25 +19,17 @@
 # the recipe would make from each. Every run is the whole schedule (4 steps tiny, 3 odd).
 # ~18 s of CPU (30-40 s wall on the shared 2-core machine). Needs python3-torch and h5py and the
 # reference dumps ($FLUX_REFERENCE_DIR, default ../shared/reference); else SKIPPED.
-set -u
-cd "$(dirname "$0")/.."
-B=${FLUX_BUILD:-build}
-SIM=$B/flux-sim OR=$B/flux-oracle PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
+SIM=$B/flux-sim OR=$B/flux-oracle
 REF=${FLUX_REFERENCE_DIR:-../shared/reference}
 export OPENBLAS_NUM_THREADS=1
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 if ! $PY -c "import torch, h5py" 2>/dev/null; then
-  echo "*** SKIPPED bf16 PyTorch bug tests: python3-torch (or h5py) not installed — they did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "bf16 PyTorch bug tests: python3-torch (or h5py) not installed — they did NOT run"
 fi
 if [ ! -f "$REF/tiny/weights.safetensors" ] || [ ! -f "$REF/odd/weights.safetensors" ]; then
-  echo "*** SKIPPED bf16 PyTorch bug tests: reference not found in $REF — they did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "bf16 PyTorch bug tests: reference not found in $REF — they did NOT run"
 fi
-T=$(mktemp -d /tmp/fluxsim-bf16torch-XXXXXX)
-trap 'rm -rf "$T"' EXIT
+tmpdir bf16torch
 
 # config | name | torch_flux.py switches | expected: PASS, "STEP MODULE" (caught there) or
 # "missed STEP MODULE" (passes; the dump first differs from the clean run's there)
@@ -135,5 +127,4 @@ for x in json.load(sys.stdin)["datasets"]:
       else bad "$what: exit $rc, want DIVERGE at step $step $module: $out"; fi ;;
   esac
 done
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -5,11 +5,7 @@
 # naming the layouts where it shows), and one that was armed but never fired is exit 2, never a
 # clean OK. The same runs without --inject pass (tests/parallel_check.sh). Model: the built-in
 # default (8 heads, guidance), 35 image + 13 text tokens (uneven shards), 2 steps, fp32.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=${FLUX_BUILD:-build}/flux-sim
-pass=0; fail=0
+. "$(dirname "$0")/lib.sh"
 # bug | ranks | layout | expected "STEP MODULE RANKS-PATTERN" (tools/gpu-check.sh reads this table too)
 CASES=(
   "proj-out-contiguous|2|--tp 2|0 single_transformer_blocks.0.proj_out held by rank(s) 0, 1"
@@ -79,9 +75,9 @@ for c in "${REFUSED[@]}"; do
   nerr=$(grep -c "^flux-sim: error" <<<"$out")
   if [ $rc -eq 2 ] && [ "$nerr" = 1 ] && grep -F -- "$kind" <<<"$out" | grep -F -- "$where" | grep -qF -- "$shows" &&
      ! grep -q "check:" <<<"$out"; then
-    pass=$((pass + 1)); echo "ok   refused, exit 2, one line: $opts ($kind; $shows)"
+    ok "refused, exit 2, one line: $opts ($kind; $shows)"
   else
-    fail=$((fail + 1)); echo "FAIL $opts: exit $rc, $nerr error lines, want '$kind' '$where' '$shows'"; grep -E "flux-sim" <<<"$out" | head -3
+    bad "$opts: exit $rc, $nerr error lines, want '$kind' '$where' '$shows'"; grep -E "flux-sim" <<<"$out" | head -3
   fi
 done
 for c in "${CASES[@]}"; do
@@ -91,14 +87,14 @@ for c in "${CASES[@]}"; do
   tag="$bug under $layout"
   step=${want%% *}; rest=${want#* }; module=${rest%% *}; ranks=${rest#* }
   if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step $step, $module" <<<"$out" && grep -qF "$ranks" <<<"$out"; then
-    pass=$((pass + 1)); echo "ok   $tag: exit 1 at step $step, $module ($ranks)"
+    ok "$tag: exit 1 at step $step, $module ($ranks)"
   else
-    fail=$((fail + 1)); echo "FAIL $tag: exit $rc, want step $step $module '$ranks'"; grep -E "DIVERGED|held by|disagree|error" <<<"$out" | head -3
+    bad "$tag: exit $rc, want step $step $module '$ranks'"; grep -E "DIVERGED|held by|disagree|error" <<<"$out" | head -3
   fi
 done
 # armed but never fired: exit 2, never a clean OK — a nan-rank naming no module of the run, and a
 # TP bug under a plan that never makes the split it corrupts (every Linear replicated)
-T=$(mktemp -d /tmp/fluxsim-inj-XXXXXX)
+tmpdir inj
 echo "*   replicate" >"$T/replicate.plan"
 NEVER=(
   "--tp 2 --inject nan-rank:1:no.such.module:0|--inject nan-rank:1:no.such.module:0 never fired"
@@ -110,19 +106,17 @@ for c in "${NEVER[@]}"; do
   # shellcheck disable=SC2086
   out=$(timeout 300 mpirun -np 2 $SIM --grid 5x7 --txt-len 13 --steps 1 --check -q $opts </dev/null 2>&1); rc=$?
   if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(grep -c "^flux-sim: error" <<<"$out")" = 1 ]; then
-    pass=$((pass + 1)); echo "ok   armed, never fired: exit 2 ($want)"
-  else fail=$((fail + 1)); echo "FAIL never-fired $opts: exit $rc"; grep flux-sim <<<"$out" | head -3; fi
+    ok "armed, never fired: exit 2 ($want)"
+  else bad "never-fired $opts: exit $rc"; grep flux-sim <<<"$out" | head -3; fi
 done
 # the offline path: flux-sim's own per-rank dumps through flux-oracle consistency
 timeout 300 mpirun -np 4 $SIM --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --ring 2 --dump-per-rank "$T/ok" >/dev/null 2>&1
 timeout 300 mpirun -np 2 $SIM --grid 5x7 --txt-len 13 --steps 1 -q --tp 2 --inject missing-allreduce --dump-per-rank "$T/bad" >/dev/null 2>&1
 ${FLUX_BUILD:-build}/flux-oracle consistency "$T"/ok/rank_*.h5 >"$T/log" 2>&1; rc=$?
-if [ $rc -eq 0 ]; then pass=$((pass + 1)); echo "ok   flux-oracle consistency: clean per-rank dumps (tp 2 x ring 2) agree"
-else fail=$((fail + 1)); echo "FAIL consistency on clean per-rank dumps: exit $rc"; tail -3 "$T/log"; fi
+if [ $rc -eq 0 ]; then ok "flux-oracle consistency: clean per-rank dumps (tp 2 x ring 2) agree"
+else bad "consistency on clean per-rank dumps: exit $rc"; tail -3 "$T/log"; fi
 ${FLUX_BUILD:-build}/flux-oracle consistency "$T"/bad/rank_*.h5 >"$T/log" 2>&1; rc=$?
 if [ $rc -eq 1 ] && grep -q "first divergence: step 0 transformer_blocks.0.attn.to_out.0" "$T/log" && grep -q "rank 1 disagrees with rank 0" "$T/log"; then
-  pass=$((pass + 1)); echo "ok   flux-oracle consistency: missing-allreduce per-rank dumps → step 0 transformer_blocks.0.attn.to_out.0, rank 1"
-else fail=$((fail + 1)); echo "FAIL consistency on missing-allreduce dumps: exit $rc"; tail -5 "$T/log"; fi
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+  ok "flux-oracle consistency: missing-allreduce per-rank dumps → step 0 transformer_blocks.0.attn.to_out.0, rank 1"
+else bad "consistency on missing-allreduce dumps: exit $rc"; tail -5 "$T/log"; fi
+finish

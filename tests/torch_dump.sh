@@ -13,17 +13,11 @@
 #     that are not N+1 values are refused.
 # Needs python3-torch (Debian); without it this test is SKIPPED, loudly (torch is ~1 GB, so it
 # is not in tools/install-deps.sh).
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 OR=${FLUX_BUILD:-build}/flux-oracle
-PY=/usr/bin/python3
-T=$(mktemp -d /tmp/fluxsim-torchdump-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+tmpdir torchdump
 if ! $PY -c "import torch, h5py" 2>/dev/null; then
-  echo "*** SKIPPED torch_dump tests: python3-torch (or h5py) not installed — they did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "torch_dump tests: python3-torch (or h5py) not installed — they did NOT run"
 fi
 if PYTHONPATH=tools $PY - "$T" <<'PY'
 import sys, torch, torch.nn as nn, h5py, numpy as np
@@ -165,6 +159,4 @@ then ok "a producer that raised inside its loop: $(cat "$T/err")"; else bad "cra
 [ $rc -eq 0 ] && grep -q "crash.h5 is partial" "$T/out" && ok "--allow-partial compares the finished step: $(cat "$T/out" | cut -c1-160)" || bad "allow-partial: rc=$rc $(cat "$T/out")"
 "$OR" diff -q "$T/only1.h5" "$T/t32.h5" >"$T/out" 2>&1; rc=$?
 [ $rc -eq 0 ] && ok "recorded_steps=1 against a full run: $(cat "$T/out" | cut -c1-160)" || bad "only1: rc=$rc $(cat "$T/out")"
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -25,24 +25,16 @@
 #   matched fp64: 1.06e-2 / 1.01e-2, the clean run itself 1.01e-2; float64: <= 8.4e-16.
 # Needs python3-torch and h5py (else SKIPPED) and the reference dumps ($FLUX_REFERENCE_DIR,
 # default ../shared/reference; else SKIPPED).
-set -u
-cd "$(dirname "$0")/.."
+. "$(dirname "$0")/lib.sh"
 OR=${FLUX_BUILD:-build}/flux-oracle
-PY=/usr/bin/python3
 REF=${FLUX_REFERENCE_DIR:-../shared/reference}
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 if ! $PY -c "import torch, h5py" 2>/dev/null; then
-  echo "*** SKIPPED torch_flux tests: python3-torch (or h5py) not installed — they did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "torch_flux tests: python3-torch (or h5py) not installed — they did NOT run"
 fi
 if [ ! -f "$REF/tiny/weights.safetensors" ] || [ ! -f "$REF/odd/dump_bf16.h5" ]; then
-  echo "*** SKIPPED torch_flux tests: reference dumps not found in $REF — they did NOT run ***"
-  echo "$pass passed, $fail failed"; exit 0
+  skip_all "torch_flux tests: reference dumps not found in $REF — they did NOT run"
 fi
-T=$(mktemp -d /tmp/fluxsim-torchflux-XXXXXX)
-trap 'rm -rf "$T"' EXIT
+tmpdir torchflux
 
 # ---- every run in one Python process (importing torch takes seconds) ----
 # OPENBLAS_CORETYPE: OpenBLAS picks its kernels when first loaded (torch_flux.py sets Haswell, the
@@ -202,5 +194,4 @@ if $PY tools/torch_flux.py --help | grep -q -- "--timestep-zero-ranks"; then ok 
 $PY tools/torch_flux.py --weights "$T/none.safetensors" --inputs "$REF/tiny/dump_fp32.h5" --out "$T/x.h5" 2>"$T/err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "no such file" "$T/err"; then ok "missing weights: exit 2, $(cat "$T/err")"
 else bad "missing weights: rc=$rc $(cat "$T/err")"; fi
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
