@@ -105,7 +105,7 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
         }
         for (int k = 0; k < names.n && !rc; k++) {
             const char *name = names.v[k];
-            char p[1024];
+            char *p = NULL;
             fo_dataset info = {0};
             fo_shard sh;
             int found;
@@ -113,33 +113,48 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
                 r->excluded++;
                 continue;
             }
-            snprintf(p, sizeof p, "%s/%s", gp[0], name);
-            if ((rc = fo_dataset_info(files[0], p, &info, e))) break;
-            if ((rc = fo_shard_from_json(par, name, info.ndim, info.shape, &sh, &found, fo_file_path(files[0]), e)))
+#define JOIN(g)                                                                       \
+    do {                                                                              \
+        free(p);                                                                      \
+        if (!(p = fo_path_join((g), name))) rc = fs_errf(e, FS_E_NOMEM, "out of memory"); \
+    } while (0)
+            JOIN(gp[0]);
+            if (rc || (rc = fo_dataset_info(files[0], p, &info, e))) {
+                free(p);
                 break;
+            }
+            if ((rc = fo_shard_from_json(par, name, info.ndim, info.shape, &sh, &found, fo_file_path(files[0]), e))) {
+                free(p);
+                break;
+            }
             int repl = found && sh.replicated;
             fo_shard_free(&sh);
             if (!repl) {
+                free(p);
                 r->unchecked++;
                 continue;
             }
             /* Every rank must hold it. */
             int missing = 0;
-            for (int i = 1; i < n; i++) {
-                snprintf(p, sizeof p, "%s/%s", gp[i], name);
-                if (!fo_is_dataset(files[i], p)) {
-                    char q[1100];
-                    snprintf(q, sizeof q, "%s (rank %d)", name, r->rank_of_file[i]);
-                    if (fo_names_push(&r->only_a, groups[g].group, q) ||
+            for (int i = 1; i < n && !rc; i++) {
+                JOIN(gp[i]);
+                if (!rc && !fo_is_dataset(files[i], p)) {
+                    char *q = fo_strdupf("%s (rank %d)", name, r->rank_of_file[i]);
+                    if (!q || fo_names_push(&r->only_a, groups[g].group, q) ||
                         (!fo_decl_excuses(&decl[i], &groups[g], present[i], mdecl[i], name) &&
                          fo_names_push(&r->undeclared_a, groups[g].group, q)))
                         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    free(q);
                     missing = 1;
                 }
             }
-            if (missing || rc) continue;
+            if (missing || rc) {
+                free(p);
+                continue;
+            }
             fo_entry *en = fo_report_add(r, groups[g].step, groups[g].group, name);
             if (!en) {
+                free(p);
                 rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 break;
             }
@@ -147,9 +162,9 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
             en->ranks_note = strdup("replicated");
             fo_dataset di[FO_MAX_RANKS];
             for (int i = 0; i < n && !rc; i++) {
-                snprintf(p, sizeof p, "%s/%s", gp[i], name);
+                JOIN(gp[i]);
                 memset(&di[i], 0, sizeof di[i]);
-                rc = fo_stream_open(files[i], p, block, &st[i], &di[i], e);
+                if (!rc) rc = fo_stream_open(files[i], p, block, &st[i], &di[i], e);
                 fo_acc_init(&acc[i]);
             }
             if (rc) goto close;
@@ -238,6 +253,8 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
                                     (long long)en->st.nan_b);
             }
         close:
+            free(p);
+            p = NULL;
             for (int i = 0; i < n; i++) {
                 fo_stream_close(st[i]);
                 st[i] = NULL;

@@ -82,13 +82,17 @@ static void job_release(diff_job *j)
 
 static int diff_open(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
 {
-    char pa[1024], pb[1024], pt[1024], sa_[160], sb_[160];
+    char *pa, *pb, *pt = NULL, sa_[160], sb_[160];
     const char *ga = j->ga, *gb = j->gb, *gt = j->gt[0] ? j->gt : NULL;
-    snprintf(pa, sizeof pa, "%s/%s", ga, en->name);
-    snprintf(pb, sizeof pb, "%s/%s", gb, en->name);
+    pa = fo_path_join(ga, en->name);
+    pb = fo_path_join(gb, en->name);
     fo_dataset ia = {0}, ib = {0}, it = {0};
     fo_shard shard = {0};
-    int rc;
+    int rc = FS_OK;
+    if (!pa || !pb) {
+        rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+        goto out;
+    }
     if ((rc = fo_stream_open(c->a, pa, c->block, &j->sa, &ia, e))) goto out;
     if ((rc = fo_stream_open(c->b, pb, c->block, &j->sb, &ib, e))) goto out;
     en->ndim_a = ia.ndim, en->ndim_b = ib.ndim;
@@ -110,7 +114,10 @@ static int diff_open(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
         goto out;
     }
     if (c->t && gt) {
-        snprintf(pt, sizeof pt, "%s/%s", gt, en->name);
+        if (!(pt = fo_path_join(gt, en->name))) {
+            rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            goto out;
+        }
         if (fo_is_dataset(c->t, pt)) {
             if ((rc = fo_stream_open(c->t, pt, c->block, &j->st, &it, e))) goto out;
             if (it.ndim != ia.ndim || memcmp(it.shape, ia.shape, (size_t)ia.ndim * sizeof *ia.shape)) {
@@ -154,6 +161,7 @@ static int diff_open(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
         }
     }
 out:
+    free(pa), free(pb), free(pt);
     j->ia = ia;
     j->shard = shard;
     return rc;

@@ -109,6 +109,17 @@ int fo_is_group(fo_file *f, const char *path)
 
 int fo_is_dataset(fo_file *f, const char *path) { return guarded_kind(f, path) == (int)H5I_DATASET; }
 
+char *fo_path_join(const char *group, const char *name)
+{
+    size_t a = strlen(group), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, group, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
 void fo_names_free(fo_names *l)
 {
     if (!l) return;
@@ -193,21 +204,21 @@ static int attr_string(fo_file *f, const char *obj, const char *name, char **out
     char cause[256];
     *out = NULL;
     if (!fo_is_group(f, obj) && obj_kind(f->fid, obj) < 0)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", f->path, obj);
+        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", FO_SHOW(f->path), FO_SHOW(obj));
     htri_t ex = H5Aexists_by_name(f->fid, obj, name, H5P_DEFAULT);
-    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     if (ex == 0) return FS_OK;
     hid_t a = H5Aopen_by_name(f->fid, obj, name, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     fo_names l = {0};
     int r = read_str_elems(a, &l, f->file_size);
     H5Aclose(a);
-    if (r == -1) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a string", f->path, obj, name);
-    if (r == -3) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: implausible size (corrupted?)", f->path, obj, name);
-    if (r) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", f->path, obj, name, h5_cause(cause));
+    if (r == -1) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a string", FO_SHOW(f->path), FO_SHOW(obj), name);
+    if (r == -3) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: implausible size (corrupted?)", FO_SHOW(f->path), FO_SHOW(obj), name);
+    if (r) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     if (l.n != 1) {
         fo_names_free(&l);
-        return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %d strings, expected one", f->path, obj, name, l.n);
+        return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %d strings, expected one", FO_SHOW(f->path), FO_SHOW(obj), name, l.n);
     }
     *out = l.v[0];
     free(l.v);
@@ -219,23 +230,23 @@ static int attr_double(fo_file *f, const char *obj, const char *name, double *ou
     char cause[256];
     *found = 0;
     if (!fo_is_group(f, obj) && obj_kind(f->fid, obj) < 0)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", f->path, obj);
+        return fs_errf(e, FS_E_INPUT, "%s: %s: no such object", FO_SHOW(f->path), FO_SHOW(obj));
     htri_t ex = H5Aexists_by_name(f->fid, obj, name, H5P_DEFAULT);
-    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (ex < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     if (ex == 0) return FS_OK;
     hid_t a = H5Aopen_by_name(f->fid, obj, name, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", f->path, obj, name, h5_cause(cause));
+    if (a < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     hid_t t = H5Aget_type(a), s = H5Aget_space(a);
     H5T_class_t cls = t >= 0 ? H5Tget_class(t) : H5T_NO_CLASS;
     hssize_t np = s >= 0 ? H5Sget_simple_extent_npoints(s) : -1;
     int rc = FS_OK;
     if (cls != H5T_INTEGER && cls != H5T_FLOAT)
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a number", f->path, obj, name);
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s is not a number", FO_SHOW(f->path), FO_SHOW(obj), name);
     else if (np != 1)
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %lld values, expected one", f->path, obj, name,
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s holds %lld values, expected one", FO_SHOW(f->path), FO_SHOW(obj), name,
                      (long long)np);
     else if (H5Aread(a, H5T_NATIVE_DOUBLE, out) < 0)
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", f->path, obj, name, h5_cause(cause));
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute %s unreadable: %s", FO_SHOW(f->path), FO_SHOW(obj), name, h5_cause(cause));
     else
         *found = 1;
     if (t >= 0) H5Tclose(t);
@@ -244,14 +255,16 @@ static int attr_double(fo_file *f, const char *obj, const char *name, double *ou
     return rc;
 }
 
+/* "OBJ attribute NAME" for the crash/hang hook, which only needs a label: cut (visibly, by
+ * FO_SHOW) when the object's name is long; the reads themselves use the whole names. */
 static void attr_label(char *buf, size_t n, const char *obj, const char *name)
 {
-    snprintf(buf, n, "%s attribute %s", obj, name);
+    snprintf(buf, n, "%s attribute %s", FO_SHOW(obj), FO_SHOW(name));
 }
 
 int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs_err *e)
 {
-    char what[300];
+    char what[700];
     attr_label(what, sizeof what, obj, name);
     h5_enter(f->path, what);
     int rc = attr_string(f, obj, name, out, e);
@@ -261,7 +274,7 @@ int fo_attr_string(fo_file *f, const char *obj, const char *name, char **out, fs
 
 int fo_attr_double(fo_file *f, const char *obj, const char *name, double *out, int *found, fs_err *e)
 {
-    char what[300];
+    char what[700];
     attr_label(what, sizeof what, obj, name);
     h5_enter(f->path, what);
     int rc = attr_double(f, obj, name, out, found, e);
@@ -290,16 +303,16 @@ static int list_steps(fo_file *f, fs_err *e)
     char cause[256];
     H5G_info_t gi;
     if (H5Gget_info(f->fid, &gi) < 0)
-        return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", f->path, h5_cause(cause));
+        return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", FO_SHOW(f->path), h5_cause(cause));
     step_ent *st = malloc((gi.nlinks ? gi.nlinks : 1) * sizeof *st);
-    if (!st) return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", f->path);
+    if (!st) return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", FO_SHOW(f->path));
     int n = 0;
     for (hsize_t i = 0; i < gi.nlinks; i++) {
         char name[64];
         ssize_t len = H5Lget_name_by_idx(f->fid, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
         if (len < 0) {
             free(st);
-            return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", f->path, h5_cause(cause));
+            return fs_errf(e, FS_E_INPUT, "%s: cannot list the root group: %s", FO_SHOW(f->path), h5_cause(cause));
         }
         /* At most 9 digits, so the number fits an int. */
         if ((size_t)len >= sizeof name || strncmp(name, "step_", 5) || !name[5] || len > 5 + 9) continue;
@@ -314,7 +327,7 @@ static int list_steps(fo_file *f, fs_err *e)
     f->step_name = malloc((n ? (size_t)n : 1) * sizeof *f->step_name);
     if (!f->step_no || !f->step_name) {
         free(st);
-        return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", f->path);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory listing steps", FO_SHOW(f->path));
     }
     for (int i = 0; i < n; i++) {
         f->step_no[i] = st[i].no;
@@ -333,27 +346,37 @@ static int file_open(fo_file **fp, const char *path, fs_err *e)
 
     /* open(2) first: HDF5 would report a missing file as "unable to open file", without errno,
      * and a directory as a failed read with a dump of the read's arguments. */
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    /* A FIFO (or a device) would block open(2) and H5Fopen for ever: refuse anything but a
+     * regular file first, without opening it (a directory keeps its own message below). */
     struct stat st;
-    int is_dir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+        return fs_require_regular_file(path, "dump", e);
+    /* O_NONBLOCK: should a FIFO appear at the path after that check, open() still returns. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open: %s", FO_SHOW(path), strerror(errno));
+    if (fstat(fd, &st) != 0) st.st_mode = 0;
+    int is_dir = S_ISDIR(st.st_mode);
+    if (!is_dir && !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fs_errf(e, FS_E_INPUT, "%s: dump is not a regular file", FO_SHOW(path));
+    }
     double size = (double)st.st_size;
     close(fd);
-    if (is_dir) return fs_errf(e, FS_E_INPUT, "%s: is a directory, not a dump file", path);
+    if (is_dir) return fs_errf(e, FS_E_INPUT, "%s: is a directory, not a dump file", FO_SHOW(path));
     htri_t is = H5Fis_hdf5(path);
-    if (is == 0) return fs_errf(e, FS_E_INPUT, "%s: not an HDF5 file", path);
-    if (is < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot read: %s", path, h5_cause(cause));
+    if (is == 0) return fs_errf(e, FS_E_INPUT, "%s: not an HDF5 file", FO_SHOW(path));
+    if (is < 0) return fs_errf(e, FS_E_INPUT, "%s: cannot read: %s", FO_SHOW(path), h5_cause(cause));
 
     fo_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
-        return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
+        return fs_errf(e, FS_E_NOMEM, "%s: out of memory", FO_SHOW(path));
     }
     f->raw_fd = -1;
     f->file_size = size;
     f->fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f->fid < 0) {
-        int rc = fs_errf(e, FS_E_INPUT, "%s: cannot open as HDF5: %s", path, h5_cause(cause));
+        int rc = fs_errf(e, FS_E_INPUT, "%s: cannot open as HDF5: %s", FO_SHOW(path), h5_cause(cause));
         fo_file_close(f);
         return rc;
     }
@@ -361,7 +384,7 @@ static int file_open(fo_file **fp, const char *path, fs_err *e)
     char *fmt = NULL;
     if ((rc = fo_attr_string(f, "/", "format", &fmt, e))) goto fail;
     if (!fmt) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (no 'format' attribute)", path);
+        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (no 'format' attribute)", FO_SHOW(path));
         goto fail;
     }
     if (strcmp(fmt, "flux-dump")) {
@@ -370,7 +393,7 @@ static int file_open(fo_file **fp, const char *path, fs_err *e)
         for (const char *p = fmt; *p && k + 1 < sizeof shown && k < 64; p++)
             shown[k++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
         shown[k] = 0;
-        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (format is '%s')", path, shown);
+        rc = fs_errf(e, FS_E_INPUT, "%s: not a flux-dump file (format is '%s')", FO_SHOW(path), shown);
         free(fmt);
         goto fail;
     }
@@ -380,16 +403,16 @@ static int file_open(fo_file **fp, const char *path, fs_err *e)
     if ((rc = fo_attr_double(f, "/", "version", &v, &found, e))) goto fail;
     /* Range first: converting a double outside long long's range (1e300, NaN) is undefined. */
     if (!found || !(v >= -1e9 && v <= 1e9) || v != floor(v)) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without an integer 'version' attribute", path);
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without an integer 'version' attribute", FO_SHOW(path));
         goto fail;
     }
     if (v > FO_FORMAT_VERSION) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is newer than this flux-sim supports (%d)", path,
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is newer than this flux-sim supports (%d)", FO_SHOW(path),
                      (long long)v, FO_FORMAT_VERSION);
         goto fail;
     }
     if (v < 1) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is not valid (versions start at 1)", path,
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump version %lld is not valid (versions start at 1)", FO_SHOW(path),
                      (long long)v);
         goto fail;
     }
@@ -397,7 +420,7 @@ static int file_open(fo_file **fp, const char *path, fs_err *e)
     if ((rc = fo_attr_string(f, "/", "dtype", &f->dtype, e))) goto fail;
     if ((rc = fo_attr_string(f, "/", "config", &f->config, e))) goto fail;
     if (!f->dtype || !f->config) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without the required '%s' root attribute", path,
+        rc = fs_errf(e, FS_E_INPUT, "%s: flux-dump without the required '%s' root attribute", FO_SHOW(path),
                      f->dtype ? "config" : "dtype");
         goto fail;
     }
@@ -450,13 +473,33 @@ const char *fo_file_step_group(const fo_file *f, int i) { return f->step_name[i]
 
 /* ---------- group order ---------- */
 
-/* The group's datasets by creation order when the producer tracked it, else by name. */
-static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+#define MAX_NEST 8           /* groups inside a step group, nested (h5py makes one per '/' in a name) */
+#define MAX_LISTED (1 << 20) /* datasets listed under one group: as read_str_elems' limit for `order` */
+
+static int push_name(fo_names *out, size_t *cap, char *name)
+{
+    if ((size_t)out->n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        char **p = realloc(out->v, nc * sizeof *p);
+        if (!p) return -1;
+        out->v = p, *cap = nc;
+    }
+    out->v[out->n++] = name;
+    return 0;
+}
+
+/* Appends the datasets of group g (opened at `gpath`), by creation order when the producer
+ * tracked it, else by name, as `prefix` + name; with `nested`, also those of its subgroups, as
+ * "sub/name" (a name holding '/', written by h5py as nested groups), MAX_NEST deep at most: a
+ * hard link to a parent group would otherwise make the walk endless. *idx_used gets the index
+ * used for g. */
+static int list_links(fo_file *f, hid_t g, const char *gpath, const char *prefix, int depth, int nested, fo_names *out,
+                      size_t *cap, H5_index_t *idx_used, fs_err *e)
 {
     char cause[256];
     H5G_info_t gi;
     if (H5Gget_info(g, &gi) < 0)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", f->path, group, h5_cause(cause));
+        return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", FO_SHOW(f->path), FO_SHOW(gpath), h5_cause(cause));
     unsigned flags = 0;
     hid_t gcpl = H5Gget_create_plist(g);
     if (gcpl >= 0) {
@@ -464,8 +507,7 @@ static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out,
         H5Pclose(gcpl);
     }
     H5_index_t idx = (flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
-    out->v = calloc(gi.nlinks ? gi.nlinks : 1, sizeof *out->v);
-    if (!out->v) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", f->path, group);
+    const size_t plen = strlen(prefix);
     for (hsize_t i = 0; i < gi.nlinks; i++) {
         ssize_t len = H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, NULL, 0, H5P_DEFAULT);
         if (len < 0 && idx == H5_INDEX_CRT_ORDER && i == 0) {
@@ -473,47 +515,121 @@ static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out,
             idx = H5_INDEX_NAME;
             len = H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, NULL, 0, H5P_DEFAULT);
         }
-        char *name = len >= 0 ? malloc((size_t)len + 1) : NULL;
-        if (!name || H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, name, (size_t)len + 1, H5P_DEFAULT) < 0) {
+        char *name = len >= 0 ? malloc(plen + (size_t)len + 1) : NULL;
+        if (name) memcpy(name, prefix, plen);
+        if (!name || H5Lget_name_by_idx(g, ".", idx, H5_ITER_INC, i, name + plen, (size_t)len + 1, H5P_DEFAULT) < 0) {
             free(name);
-            fo_names_free(out);
-            return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", f->path, group, h5_cause(cause));
+            return fs_errf(e, FS_E_INPUT, "%s: %s: cannot list: %s", FO_SHOW(f->path), FO_SHOW(gpath), h5_cause(cause));
         }
-        if (obj_kind(g, name) != (int)H5I_DATASET) {
-            free(name);
+        int kind = obj_kind(g, name + plen);
+        if (kind == (int)H5I_DATASET) {
+            if (out->n >= MAX_LISTED) {
+                free(name);
+                return fs_errf(e, FS_E_INPUT, "%s: %s: more than %d datasets: corrupted?", FO_SHOW(f->path),
+                               FO_SHOW(gpath), MAX_LISTED);
+            }
+            if (push_name(out, cap, name)) {
+                free(name);
+                return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(f->path), FO_SHOW(gpath));
+            }
             continue;
         }
-        out->v[out->n++] = name;
+        if (kind == (int)H5I_GROUP && nested) {
+            int rc;
+            if (depth >= MAX_NEST)
+                rc = fs_errf(e, FS_E_INPUT, "%s: %s: groups nested more than %d deep (%s): not a flux-dump step",
+                             FO_SHOW(f->path), FO_SHOW(gpath), MAX_NEST, FO_SHOW(name));
+            else {
+                size_t nl = strlen(name);
+                char *sub = realloc(name, nl + 2);
+                hid_t sg = sub ? H5Gopen2(g, sub + plen, H5P_DEFAULT) : -1;
+                if (sub) name = sub, name[nl] = '/', name[nl + 1] = 0;
+                if (sg < 0)
+                    rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open %s: %s", FO_SHOW(f->path), FO_SHOW(gpath),
+                                 FO_SHOW(name), h5_cause(cause));
+                else {
+                    H5_index_t dummy;
+                    rc = list_links(f, sg, gpath, name, depth + 1, nested, out, cap, &dummy, e);
+                    H5Gclose(sg);
+                }
+            }
+            free(name);
+            if (rc) return rc;
+            continue;
+        }
+        free(name);
+    }
+    *idx_used = idx;
+    return FS_OK;
+}
+
+static int links_in_order(fo_file *f, hid_t g, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
+{
+    size_t cap = 0;
+    H5_index_t idx = H5_INDEX_NAME;
+    int rc = list_links(f, g, group, "", 0, 1, out, &cap, &idx, e);
+    if (rc) {
+        fo_names_free(out);
+        return rc;
     }
     if (src) *src = idx == H5_INDEX_CRT_ORDER ? FO_ORDER_CREATION : FO_ORDER_NAME;
     return FS_OK;
+}
+
+int fo_group_datasets(fo_file *f, const char *group, fo_names *out, fs_err *e)
+{
+    char cause[256], what[400];
+    fo_names_free(out);
+    snprintf(what, sizeof what, "%s (listing)", FO_SHOW(group));
+    h5_enter(f->path, what);
+    int rc;
+    hid_t g = fo_is_group(f, group) ? H5Gopen2(f->fid, group, H5P_DEFAULT) : -1;
+    if (g < 0)
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", FO_SHOW(f->path), FO_SHOW(group), h5_cause(cause));
+    else {
+        rc = links_in_order(f, g, group, out, NULL, e);
+        H5Gclose(g);
+    }
+    h5_leave();
+    return rc;
 }
 
 static int group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
 {
     char cause[256];
     fo_names_free(out);
-    if (!fo_is_group(f, group)) return fs_errf(e, FS_E_INPUT, "%s: %s: no such group", f->path, group);
+    if (!fo_is_group(f, group)) return fs_errf(e, FS_E_INPUT, "%s: %s: no such group", FO_SHOW(f->path), FO_SHOW(group));
     hid_t g = H5Gopen2(f->fid, group, H5P_DEFAULT);
-    if (g < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, group, h5_cause(cause));
+    if (g < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", FO_SHOW(f->path), FO_SHOW(group), h5_cause(cause));
     int rc = FS_OK;
     htri_t ex = H5Aexists(g, "order");
     if (ex > 0) {
         hid_t a = H5Aopen(g, "order", H5P_DEFAULT);
         int r = a >= 0 ? read_str_elems(a, out, f->file_size) : -2;
-        if (a >= 0) H5Aclose(a);
-        if (r == -1)
-            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order is not an array of strings", f->path, group);
+        int rank = -1;
+        if (a >= 0) {
+            hid_t sp = H5Aget_space(a);
+            if (sp >= 0) rank = H5Sget_simple_extent_ndims(sp), H5Sclose(sp);
+            H5Aclose(a);
+        }
+        /* The list of names: a single string (h5py's `attrs['order'] = "a,b"`) or a 2-D array is
+         * not an order, and reading it as one name would drop the whole group from the walk. */
+        if (r == 0 && rank != 1) {
+            fo_names_free(out);
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order is %s, not a 1-D list of dataset names",
+                         FO_SHOW(f->path), FO_SHOW(group), rank == 0 ? "a single string" : "not 1-D");
+        } else if (r == -1)
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order is not an array of strings", FO_SHOW(f->path), FO_SHOW(group));
         else if (r == -3)
-            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order: implausible size (corrupted?)", f->path, group);
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order: implausible size (corrupted?)", FO_SHOW(f->path), FO_SHOW(group));
         else if (r)
-            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order unreadable: %s", f->path, group, h5_cause(cause));
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: attribute order unreadable: %s", FO_SHOW(f->path), FO_SHOW(group), h5_cause(cause));
         else if (src)
             *src = FO_ORDER_ATTR;
     } else if (ex == 0) {
         rc = links_in_order(f, g, group, out, src, e);
     } else {
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot read attributes: %s", f->path, group, h5_cause(cause));
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot read attributes: %s", FO_SHOW(f->path), FO_SHOW(group), h5_cause(cause));
     }
     H5Gclose(g);
     return rc;
@@ -521,8 +637,8 @@ static int group_order(fo_file *f, const char *group, fo_names *out, fo_order_so
 
 int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e)
 {
-    char what[300];
-    snprintf(what, sizeof what, "%s attribute order", group);
+    char what[400];
+    snprintf(what, sizeof what, "%s attribute order", FO_SHOW(group));
     h5_enter(f->path, what);
     int rc = group_order(f, group, out, src, e);
     h5_leave();
@@ -548,27 +664,27 @@ static int check_backed(fo_file *f, const char *path, hid_t d, const fo_dataset 
     hid_t dcpl = H5Dget_create_plist(d);
     if (dcpl < 0) {
         char cause[256];
-        return fs_errf(e, FS_E_INPUT, "%s: %s: unreadable layout: %s", f->path, path, h5_cause(cause));
+        return fs_errf(e, FS_E_INPUT, "%s: %s: unreadable layout: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
     }
     H5D_layout_t lay = H5Pget_layout(dcpl);
     int ext = H5Pget_external_count(dcpl);
     H5Pclose(dcpl);
     if (lay != H5D_CONTIGUOUS && lay != H5D_CHUNKED && lay != H5D_COMPACT)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: storage layout %d is not supported (virtual dataset?)", f->path, path,
+        return fs_errf(e, FS_E_INPUT, "%s: %s: storage layout %d is not supported (virtual dataset?)", FO_SHOW(f->path), FO_SHOW(path),
                        (int)lay);
     if (ext != 0)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: data in external files is not supported", f->path, path);
+        return fs_errf(e, FS_E_INPUT, "%s: %s: data in external files is not supported", FO_SHOW(f->path), FO_SHOW(path));
     double raw = (double)ds->numel * (double)esz;
     if (raw <= UNBACKED_SLACK) return FS_OK;
     double stored = (double)H5Dget_storage_size(d);
     if (stored > f->file_size)
-        return fs_errf(e, FS_E_INPUT, "%s: %s: claims %.0f stored bytes in a file of %.0f bytes: corrupted", f->path,
+        return fs_errf(e, FS_E_INPUT, "%s: %s: claims %.0f stored bytes in a file of %.0f bytes: corrupted", FO_SHOW(f->path),
                        path, stored, f->file_size);
     if (raw > MAX_INFLATE * stored)
         return fs_errf(e, FS_E_INPUT,
                        "%s: %s: shape claims %lld values (%.0f bytes) but only %.0f bytes are stored, more than "
                        "compression can expand: corrupted or never written",
-                       f->path, path, (long long)ds->numel, raw, stored);
+                       FO_SHOW(f->path), FO_SHOW(path), (long long)ds->numel, raw, stored);
     return FS_OK;
 }
 
@@ -579,7 +695,7 @@ static int describe(fo_file *f, const char *path, hid_t d, fo_dataset *ds, fs_er
     hid_t t = H5Dget_type(d), s = H5Dget_space(d);
     int rc = FS_OK;
     if (t < 0 || s < 0) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: unreadable: %s", f->path, path, h5_cause(cause));
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: unreadable: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
         goto out;
     }
     H5T_class_t cls = H5Tget_class(t);
@@ -591,13 +707,13 @@ static int describe(fo_file *f, const char *path, hid_t d, fo_dataset *ds, fs_er
     } else {
         static const char *const names[] = {"integer", "float", "time", "string", "bitfield", "opaque",
                                             "compound", "reference", "enum", "vlen", "array"};
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: datatype is %s, not a number", f->path, path,
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: datatype is %s, not a number", FO_SHOW(f->path), FO_SHOW(path),
                      cls >= 0 && (size_t)cls < FS_ARRAY_LEN(names) ? names[cls] : "unknown");
         goto out;
     }
     int nd = H5Sget_simple_extent_ndims(s);
     if (nd < 0 || nd > FO_MAX_DIMS) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: rank %d not supported (at most %d)", f->path, path, nd, FO_MAX_DIMS);
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: rank %d not supported (at most %d)", FO_SHOW(f->path), FO_SHOW(path), nd, FO_MAX_DIMS);
         goto out;
     }
     hsize_t dims[FO_MAX_DIMS];
@@ -607,7 +723,7 @@ static int describe(fo_file *f, const char *path, hid_t d, fo_dataset *ds, fs_er
     for (int i = 0; i < nd; i++) {
         ds->shape[i] = (int64_t)dims[i];
         if (dims[i] && (uint64_t)ds->numel > (uint64_t)INT64_MAX / 8 / dims[i]) {
-            rc = fs_errf(e, FS_E_INPUT, "%s: %s: implausibly large dataset", f->path, path);
+            rc = fs_errf(e, FS_E_INPUT, "%s: %s: implausibly large dataset", FO_SHOW(f->path), FO_SHOW(path));
             goto out;
         }
         ds->numel *= (int64_t)dims[i];
@@ -623,10 +739,10 @@ static int open_dataset(fo_file *f, const char *path, hid_t *d, fs_err *e)
 {
     char cause[256];
     int k = obj_kind(f->fid, path);
-    if (k < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", f->path, path);
-    if (k != (int)H5I_DATASET) return fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", f->path, path);
+    if (k < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", FO_SHOW(f->path), FO_SHOW(path));
+    if (k != (int)H5I_DATASET) return fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", FO_SHOW(f->path), FO_SHOW(path));
     *d = H5Dopen2(f->fid, path, H5P_DEFAULT);
-    if (*d < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+    if (*d < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
     return FS_OK;
 }
 
@@ -650,7 +766,7 @@ static int dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
     if ((size_t)ds->numel > ds->cap) {
         double *p = realloc(ds->data, (size_t)ds->numel * sizeof *p);
         if (!p) {
-            rc = fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", f->path, path, (long long)ds->numel);
+            rc = fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", FO_SHOW(f->path), FO_SHOW(path), (long long)ds->numel);
             goto out;
         }
         ds->data = p;
@@ -659,7 +775,7 @@ static int dataset_read(fo_file *f, const char *path, fo_dataset *ds, fs_err *e)
     /* HDF5 converts any integer or float type to double while reading (and undoes shuffle and
      * deflate); hard-linked names are just other paths to the same dataset. */
     if (ds->numel && H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, ds->data) < 0)
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", f->path, path, h5_cause(cause));
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
 out:
     H5Dclose(d);
     return rc;
@@ -738,7 +854,7 @@ static int stream_open(fo_file *f, const char *path, int64_t block_elems, fo_str
     fo_stream *s = calloc(1, sizeof *s);
     if (!s || !(s->path = strdup(path))) {
         free(s);
-        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", f->path, path);
+        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(f->path), FO_SHOW(path));
     }
     s->f = f;
     s->d = s->fspace = -1;
@@ -751,9 +867,9 @@ static int stream_open(fo_file *f, const char *path, int64_t block_elems, fo_str
     if (d0 < 0) {
         /* Only now ask why, so the common case costs one lookup. */
         int k0 = obj_kind(f->fid, path);
-        if (k0 < 0) rc = fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", f->path, path);
-        else if (k0 != (int)H5I_DATASET) rc = fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", f->path, path);
-        else rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+        if (k0 < 0) rc = fs_errf(e, FS_E_INPUT, "%s: %s: no such dataset", FO_SHOW(f->path), FO_SHOW(path));
+        else if (k0 != (int)H5I_DATASET) rc = fs_errf(e, FS_E_INPUT, "%s: %s: is a group, not a dataset", FO_SHOW(f->path), FO_SHOW(path));
+        else rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
         goto fail;
     }
     if ((rc = describe(f, path, d0, &ds, e))) {
@@ -816,7 +932,7 @@ static int stream_open(fo_file *f, const char *path, int64_t block_elems, fo_str
         if (s->direct && fstat(f->raw_fd, &st) == 0 &&
             (double)s->base + (double)ds.numel * s->direct > (double)st.st_size) {
             rc = fs_errf(e, FS_E_INPUT, "%s: %s: the file ends inside the dataset (%lld bytes at offset %lld, file size %lld): truncated?",
-                         f->path, path, (long long)ds.numel * s->direct, (long long)s->base, (long long)st.st_size);
+                         FO_SHOW(f->path), FO_SHOW(path), (long long)ds.numel * s->direct, (long long)s->base, (long long)st.st_size);
             H5Pclose(dcpl);
             H5Dclose(d0);
             if (dapl >= 0) H5Pclose(dapl);
@@ -829,7 +945,7 @@ static int stream_open(fo_file *f, const char *path, int64_t block_elems, fo_str
     s->d = s->direct ? -1 : H5Dopen2(f->fid, path, dapl >= 0 ? dapl : H5P_DEFAULT);
     if (dapl >= 0) H5Pclose(dapl);
     if (!s->direct && (s->d < 0 || (s->fspace = H5Dget_space(s->d)) < 0)) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", f->path, path, h5_cause(cause));
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s: cannot open: %s", FO_SHOW(f->path), FO_SHOW(path), h5_cause(cause));
         goto fail;
     }
     if (info) {
@@ -860,7 +976,7 @@ static int grow_buf(fo_stream *s, int64_t n, fs_err *e)
 {
     if ((size_t)n <= s->cap) return FS_OK;
     double *p = realloc(s->buf, (size_t)n * sizeof *p);
-    if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)n);
+    if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", FO_SHOW(s->f->path), FO_SHOW(s->path), (long long)n);
     s->buf = p;
     s->cap = (size_t)n;
     return FS_OK;
@@ -902,7 +1018,7 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
         size_t bytes = (size_t)cnt * (size_t)s->direct;
         if (bytes > s->raw_cap) {
             void *p = realloc(s->raw, bytes);
-            if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", s->f->path, s->path, (long long)cnt);
+            if (!p) return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory for %lld values", FO_SHOW(s->f->path), FO_SHOW(s->path), (long long)cnt);
             s->raw = p;
             s->raw_cap = bytes;
         }
@@ -911,7 +1027,7 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
             ssize_t k = pread(s->f->raw_fd, (char *)s->raw + got, bytes - got, at + (off_t)got);
             if (k < 0 && errno == EINTR) continue;
             if (k <= 0)
-                return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", s->f->path, s->path,
+                return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", FO_SHOW(s->f->path), FO_SHOW(s->path),
                                k < 0 ? strerror(errno) : "file ends inside the dataset");
             got += (size_t)k;
         }
@@ -934,7 +1050,7 @@ int fo_stream_view(fo_stream *s, fo_view *v, int64_t *off, int64_t *n, fs_err *e
     }
     if (r < 0) fs_h5_cause(cause, sizeof cause);
     h5_leave();
-    if (r < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", s->f->path, s->path, cause);
+    if (r < 0) return fs_errf(e, FS_E_INPUT, "%s: %s: read failed: %s", FO_SHOW(s->f->path), FO_SHOW(s->path), cause);
     *v = fo_view_f64(s->buf);
     *n = cnt;
     s->off += cnt;
@@ -994,13 +1110,18 @@ static int step_whole(fo_file *f, int i, char *why, size_t wn, fs_err *e)
     if (rc) return -1;
     int seen_out = 0, whole = 1;
     for (int k = 0; k < names.n && whole; k++) {
-        char p[1100];
-        snprintf(p, sizeof p, "%s/%s", g, names.v[k]);
+        char *p = fo_path_join(g, names.v[k]);
+        if (!p) {
+            fo_names_free(&names);
+            fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(f->path), g);
+            return -1;
+        }
         if (!fo_is_dataset(f, p)) {
-            snprintf(why, wn, "%s's `order` names %.200s, which the group does not hold: the producer stopped inside step %d",
-                     g + 1, names.v[k], no);
+            snprintf(why, wn, "%s's `order` names %s, which the group does not hold: the producer stopped inside step %d",
+                     g + 1, FO_SHOW(names.v[k]), no);
             whole = 0;
         }
+        free(p);
         if (!strcmp(names.v[k], "latents_out")) seen_out = 1;
     }
     if (whole && !seen_out) {
@@ -1027,7 +1148,7 @@ int fo_file_completeness(fo_file *f, fo_completeness *c, fs_err *e)
     char why[200];
     if (rs) {
         if (fo_steps_parse(rs, &promised, why, sizeof why)) {
-            rc = fs_errf(e, FS_E_INPUT, "%s: attribute recorded_steps: %s", f->path, why);
+            rc = fs_errf(e, FS_E_INPUT, "%s: attribute recorded_steps: %s", FO_SHOW(f->path), why);
             free(rs);
             return rc;
         }
@@ -1073,7 +1194,7 @@ int fo_file_completeness(fo_file *f, fo_completeness *c, fs_err *e)
             c->steps_present++;
             continue;
         }
-        char w_why[320];
+        char w_why[480];
         int w = broken >= 0 ? 1 : step_whole(f, i, w_why, sizeof w_why, e);
         if (w < 0) {
             fo_steps_free(&promised);

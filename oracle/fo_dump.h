@@ -17,9 +17,17 @@
 #define FO_MAX_DIMS 8
 #define FO_FORMAT_VERSION 1 /* the newest flux-dump version this reader understands */
 
+/* A name or path that came from a file (or the command line), made safe and short for a one-line
+ * message: control characters and invalid UTF-8 escaped (fs_printable), at most 200 bytes shown,
+ * then "...(N bytes)". So a hostile 64 KiB dataset name can neither add a line nor push the cause
+ * out of fs_err's 1024 bytes. The buffer is a compound literal: it lives until the end of the
+ * enclosing block, so use FO_SHOW only in the arguments of the call that prints it. */
+#define FO_SHOW(s) fs_printable((s), (char[320]){0}, 320, 200)
+
 typedef struct fo_file fo_file; /* opaque: an open HDF5 file plus its root attributes */
 
-/* Opens `path` read-only and checks it is a flux-dump this reader understands: an HDF5 file,
+/* Opens `path` read-only and checks it is a flux-dump this reader understands: a regular file
+ * (a FIFO, device or socket is refused before anything opens it: HDF5 would block on a FIFO), an HDF5 file,
  * `format` == "flux-dump", integer `version` <= FO_FORMAT_VERSION, string `dtype` and `config`.
  * Lists its step groups. On error *f is NULL. */
 int fo_file_open(fo_file **f, const char *path, fs_err *e);
@@ -50,6 +58,9 @@ typedef struct fo_names {
     char **v;
 } fo_names;
 void fo_names_free(fo_names *l);
+/* "GROUP/NAME", malloc'ed (NULL when out of memory): names come from files and have no length
+ * limit, so no path is ever built in a fixed buffer (a cut path names another object, or none). */
+char *fo_path_join(const char *group, const char *name);
 
 typedef enum fo_order_source {
     FO_ORDER_ATTR = 0, /* the group's `order` attribute: execution order, as the format wants */
@@ -62,6 +73,12 @@ typedef enum fo_order_source {
  * order when the producer did not track it). *src (may be NULL) says which. `out` is freed
  * and refilled. */
 int fo_group_order(fo_file *f, const char *group, fo_names *out, fo_order_source *src, fs_err *e);
+
+/* Every dataset under `group`, whatever `order` says: its own in link creation order (name order
+ * when untracked), and those of nested groups as "sub/name" (h5py turns a '/' in a name into
+ * groups), at most 8 deep. The walk (fo_walk_names) adds those `order` does not list, so a
+ * dataset the file holds is never left out of a comparison. `out` is freed and refilled. */
+int fo_group_datasets(fo_file *f, const char *group, fo_names *out, fs_err *e);
 
 /* The numbers and names of one dataset. Reusable across reads: fo_dataset_read grows `data`
  * only when a bigger dataset comes, so a diff loop allocates a handful of times in total.
@@ -146,7 +163,7 @@ typedef struct fo_completeness {
     int steps_expected; /* number of steps promised */
     int steps_present;  /* promised steps that are there (whole, for files without the marker) */
     char recorded_steps[64]; /* the attribute as read, or "all" when absent */
-    char reason[320];   /* why partial ("" when complete); no file name */
+    char reason[480];   /* why partial ("" when complete); no file name */
 } fo_completeness;
 /* Judges `f` by the contract above. Errors (FS_E_INPUT): `complete` not a number,
  * `recorded_steps` not a string or not a step list, unreadable metadata. */

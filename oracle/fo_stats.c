@@ -49,11 +49,16 @@ int fo_stats_run(fo_file *a, const fo_diff_opts *o, fo_stat_report *r, fs_err *e
             r->n++;
             en->step = groups[g].step;
             snprintf(en->group, sizeof en->group, "%s", groups[g].group);
-            char p[1024];
-            snprintf(p, sizeof p, "%s/%s", gp, names.v[k]);
+            char *p = fo_path_join(gp, names.v[k]);
+            if (!p) {
+                rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                break;
+            }
             fo_stream *s = NULL;
             fo_dataset info = {0};
-            if ((rc = fo_stream_open(a, p, block, &s, &info, e))) break;
+            rc = fo_stream_open(a, p, block, &s, &info, e);
+            free(p);
+            if (rc) break;
             en->ndim = info.ndim;
             memcpy(en->shape, info.shape, sizeof info.shape);
             memcpy(en->dtype, info.dtype, sizeof info.dtype);

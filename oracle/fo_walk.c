@@ -59,15 +59,33 @@ int fo_walk_names(fo_file *f, const fo_walk_group *wg, char *gpath, size_t gn, f
         return FS_OK;
     }
     *present = 1;
-    int rc = fo_group_order(f, gpath, out, NULL, e);
+    fo_order_source src = FO_ORDER_NAME;
+    int rc = fo_group_order(f, gpath, out, &src, e);
     if (rc) return rc;
-    /* An `order` naming one dataset twice would compare it twice: keep the first mention. Found
-     * by sorting (a damaged `order` may hold a million names; pairwise checks would not end). */
+    /* What `order` does not list is still in the file and must be compared: the group's
+     * datasets are appended after the listed ones (nested groups' as "sub/name"). Without
+     * `order`, fo_group_order listed them all already. */
+    fo_names all = {0};
+    if (src == FO_ORDER_ATTR && (rc = fo_group_datasets(f, gpath, &all, e))) return rc;
+    if (all.n) {
+        char **v = realloc(out->v, ((size_t)out->n + (size_t)all.n) * sizeof *v);
+        if (!v) {
+            fo_names_free(&all);
+            return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(fo_file_path(f)), gpath);
+        }
+        out->v = v;
+        memcpy(out->v + out->n, all.v, (size_t)all.n * sizeof *v);
+        out->n += all.n;
+        free(all.v); /* the strings now belong to out */
+    }
+    /* A name listed twice (in `order`, or in `order` and among the appended) would be compared
+     * twice: keep the first mention. Found by sorting (a damaged `order` may hold a million names;
+     * pairwise checks would not end). */
     unsigned char *dup = calloc(out->n ? (size_t)out->n : 1, 1);
     int *idx = malloc((out->n ? (size_t)out->n : 1) * sizeof *idx);
     if (!dup || !idx) {
         free(dup), free(idx);
-        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", fo_file_path(f), gpath);
+        return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(fo_file_path(f)), gpath);
     }
     for (int i = 0; i < out->n; i++) idx[i] = i;
     qsort_r(idx, (size_t)out->n, sizeof *idx, cmp_idx, out->v);
@@ -75,9 +93,21 @@ int fo_walk_names(fo_file *f, const fo_walk_group *wg, char *gpath, size_t gn, f
         if (!strcmp(out->v[idx[i]], out->v[idx[i - 1]])) dup[idx[i]] = 1; /* idx ties keep ascending order */
     int k = 0;
     for (int i = 0; i < out->n; i++) {
-        char p[1100];
-        snprintf(p, sizeof p, "%s/%s", gpath, out->v[i]);
-        if (!dup[i] && fo_is_dataset(f, p)) out->v[k++] = out->v[i];
+        int keep = 0;
+        if (!dup[i]) {
+            /* the whole name, however long: a path cut to a buffer names nothing and the dataset
+             * would silently drop out of the comparison */
+            char *p = fo_path_join(gpath, out->v[i]);
+            if (!p) {
+                for (int j = i; j < out->n; j++) free(out->v[j]);
+                out->n = k;
+                free(dup), free(idx);
+                return fs_errf(e, FS_E_NOMEM, "%s: %s: out of memory", FO_SHOW(fo_file_path(f)), gpath);
+            }
+            keep = fo_is_dataset(f, p);
+            free(p);
+        }
+        if (keep) out->v[k++] = out->v[i];
         else free(out->v[i]);
     }
     out->n = k;

@@ -22,7 +22,10 @@ int fo_walk_groups(fo_file *a, fo_file *b, fo_walk_group **out, int *n);
 /* The datasets of `wg` in `f`, in execution order, into out (freed and refilled); gpath gets the
  * group's path in f (step groups are looked up by number: step_0002 and step_2 are one step).
  * *present = 0 and an empty list when f lacks the group. A name the `order` lists but the group
- * does not hold is dropped here (the other file will see it as missing). */
+ * does not hold is dropped here (the other file will see it as missing); a dataset the group
+ * holds but `order` does not list is appended after the listed ones, so whatever a file holds is
+ * compared, reported as on one side only, or the walk fails (a malformed `order` is an error,
+ * never an empty step). */
 int fo_walk_names(fo_file *f, const fo_walk_group *wg, char *gpath, size_t gn, fo_names *out, int *present, fs_err *e);
 
 /* Membership tests on a name list: a sorted copy of the pointers (the strings stay owned by
