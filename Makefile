@@ -99,8 +99,8 @@ $(GPU_STAMP):
 	@rm -f $(B)/.flavour-*
 	@touch $@
 
-$(B)/sim/backend/fs_backend.o: CFLAGS += $(GPU_DEFS)
-$(B)/sim/backend/fs_backend.o: $(GPU_STAMP)
+$(B)/sim/backend/fs_backends.o: CFLAGS += $(GPU_DEFS)
+$(B)/sim/backend/fs_backends.o: $(GPU_STAMP)
 
 $(B)/gpu/%.o: sim/backend/gpu/%.cu $(GPU_HDRS) $(GPU_STAMP)
 	@mkdir -p $(dir $@)

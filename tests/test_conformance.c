@@ -13,6 +13,7 @@
 
 #include "fo_dump.h"
 #include "fo_metrics.h"
+#include "fs_backends.h"
 #include "fs_dump.h"
 #include "fs_model.h"
 #include "fs_sampler.h"

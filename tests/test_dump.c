@@ -13,6 +13,7 @@
 
 #include "fo_dump.h"
 #include "fo_metrics.h"
+#include "fs_backend.h"
 #include "fs_dump.h"
 
 /* ---------- the sample dump ---------- */

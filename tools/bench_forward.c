@@ -31,6 +31,7 @@
 #include <time.h>
 #include <omp.h>
 
+#include "fs_backends.h"
 #include "fs_model.h"
 #include "fs_sampler.h"
 #ifdef FS_WITH_GPU

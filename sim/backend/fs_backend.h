@@ -22,8 +22,10 @@
  *    infers a layout from a shape (the ROCm bug of ../shared/seeds/001): the ring merge reads
  *    [B, H, S] and the ring code converts explicitly with lse_convert.
  *
- * Adding a backend: fill every member (docs/design.md, "Adding a backend"); fs_backend_open()
- * knows it by name. */
+ * Adding a backend: fill every member (docs/design.md, "Adding a backend"); the registry
+ * (fs_backends.h: fs_backend_open) knows it by name. Layers: fs_tensor.h (shapes, host memory)
+ * below this interface; the implementations (fs_backend_cpu.c, fs_backend_strict.c, gpu/) on it;
+ * the registry fs_backends.h above them. */
 #ifndef FS_BACKEND_H
 #define FS_BACKEND_H
 
@@ -117,14 +119,28 @@ struct fs_backend {
                       fs_err *e);
 };
 
-/* Backends by name: "cpu" (default), "cpu-strict" (test tool: memory host code cannot touch),
- * "cuda", "hip" (in GPU builds: `make GPU=cuda|hip`). A name this build or machine cannot serve
- * is an FS_E_INPUT error saying why ("no GPU found: ...", "this build has no CUDA backend"). */
-int fs_backend_open(const char *name, fs_backend **be, fs_err *e);
-/* Releases a backend from fs_backend_open (the CPU backends are static: no-op). */
-void fs_backend_close(fs_backend *be);
-/* The names this build knows, comma separated, for --help and messages. */
-const char *fs_backend_names(void);
+/* ---- tensors in a backend's memory (fs_tensor.h's tensor with `be` set) ----
+ * These go through the backend's memory ops, so they live here, above fs_tensor.h (which knows
+ * only shapes, host memory and views). */
+
+/* A zero-filled tensor in the memory of `be` (alloc + explicit memset); be NULL is the host. */
+int fs_tensor_alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
+/* The same without the memset: for an op's output that the op writes in full (a GEMM with
+ * beta = 0, an element-wise op, a copy). Contents undefined until written. */
+int fs_tensor_alloc_on_uninit(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
+/* Frees owned data, host memory or through the backend that allocated it; clears views. Safe on
+ * either kind of tensor, and on every tensor fs_tensor.h's allocators make. */
+void fs_tensor_free(fs_tensor *t);
+/* 1 when t->data may be read and written by host code: host memory, or a backend whose memory
+ * is ordinary host memory (the CPU backend). */
+int fs_tensor_is_host(const fs_tensor *t);
+/* Whole-tensor transfers between a host tensor and a backend tensor of the same dtype and numel
+ * (the backend's upload/download; a memcpy, or nothing, when both are host memory). */
+int fs_tensor_upload(fs_tensor *dst, const fs_tensor *src_host, fs_err *e);
+int fs_tensor_download(fs_tensor *dst_host, const fs_tensor *src, fs_err *e);
+/* What a recorder reads: `src` itself (a view, no copy) when it is host-addressable, else a new
+ * host tensor holding its downloaded bytes. fs_tensor_free(out) is right in both cases. */
+int fs_tensor_host_view(const fs_tensor *src, fs_tensor *out, fs_err *e);
 
 /* The CPU backend (OpenBLAS for GEMMs, OpenMP for attention and element-wise loops).
  * fs_backend_cpu_set_threads sets both thread counts; <= 0 leaves the defaults (OpenBLAS:

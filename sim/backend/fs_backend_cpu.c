@@ -1,7 +1,9 @@
 /* fs_backend_cpu.c — the CPU backend: OpenBLAS for every matmul, plain C for the rest, memory
  * that is ordinary host memory (host_addressable: MPI and recorders use it in place; uploads and
  * downloads are memcpy, or nothing when source and destination coincide).
- * Each kernel is written once in fs_kernels_cpu.inc and instantiated per dtype. */
+ * Each kernel is written once in fs_kernels_cpu.inc and compiled per dtype (cpu_<op>_f32 in
+ * fs_kernels_cpu_f32.c, cpu_<op>_f64 in fs_kernels_cpu_f64.c; fs_kernels_cpu.h); this file has the
+ * bfloat16 paths (cpu_<op>_bf16), the dtype dispatch (cpu_<op>, the table's ops) and the memory. */
 #include <cblas.h>
 #include <malloc.h>
 #include <math.h>
@@ -10,45 +12,7 @@
 #include <string.h>
 
 #include "fs_backend_cpu.h"
-#include "fs_vmath.h"
-
-/* The float instance vectorises its exp/tanh loops (FS_VEC_F32: fs_vmath.h); the double one
- * keeps libm and its loops unchanged. */
-#define FS_VEC_F32 1
-#define T float
-#define SFX f32
-#define GEMM cblas_sgemm
-#define EXP expf
-#define LOG logf
-#define TANH tanhf
-#define LOG1P log1pf
-#include "fs_kernels_cpu.inc"
-#undef FS_VEC_F32
-#undef T
-#undef SFX
-#undef GEMM
-#undef EXP
-#undef LOG
-#undef TANH
-#undef LOG1P
-
-#define T double
-#define SFX f64
-#define GEMM cblas_dgemm
-#define EXP exp
-#define LOG log
-#define TANH tanh
-#define LOG1P log1p
-#include "fs_kernels_cpu.inc"
-#undef T
-#undef SFX
-#undef GEMM
-#undef EXP
-#undef LOG
-#undef TANH
-#undef LOG1P
-
-const char *fs_lse_layout_name(fs_lse_layout l) { return l == FS_LSE_BSH ? "bsh" : "bhs"; }
+#include "fs_kernels_cpu.h"
 
 /* ---------------------------------------------------------------- memory */
 
@@ -173,8 +137,8 @@ static float *up_rows(const void *src, int64_t M, int64_t K, int64_t ld)
     return f;
 }
 
-static int gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
-                     const void *bias, void *C, int64_t ldc, fs_err *e)
+static int cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
+                         const void *bias, void *C, int64_t ldc, fs_err *e)
 {
     if (M == 0 || N == 0) return FS_OK;
     float *a = up_rows(A, M, K, lda), *w = up_rows(W, N, K, ldw), *b = bias ? up_buf(bias, FS_BF16, N) : NULL,
@@ -182,7 +146,7 @@ static int gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda
     int rc = FS_OK;
     if (!a || !w || (bias && !b) || !c) rc = NOMEM("gemm");
     else {
-        gemm_f32(M, N, K, a, K, w, K, b, c, N); /* float32 accumulation, + bias in float32 */
+        cpu_gemm_f32(M, N, K, a, K, w, K, b, c, N); /* float32 accumulation, + bias in float32 */
         uint16_t *o = C;
 #pragma omp parallel for if (M * N > PAR_BIG) schedule(static)
         for (int64_t m = 0; m < M; m++)
@@ -196,26 +160,32 @@ static int gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda
 }
 
 /* An element-wise or normalisation op on bf16: upcast the inputs, the float32 kernel, round y. */
-#define BF16_UNARY(op, y, x, ...)                                                   \
-    do {                                                                            \
+#define BF16_UNARY(op, f32, y, x, ...)                                                   \
+    do {                                                                                 \
         float *fx = up(x), *fy = malloc(sizeof(float) * (size_t)fs_tensor_numel(y) + 1); \
-        int rc_ = FS_OK;                                                            \
-        if (!fx || !fy) rc_ = NOMEM(#op);                                           \
-        else {                                                                      \
-            fs_tensor tx = as_f32(x, fx), ty = as_f32(y, fy);                       \
-            op##_f32(&ty, &tx, ##__VA_ARGS__);                                      \
-            down_buf(y->data, fy, fs_tensor_numel(y));                              \
-        }                                                                           \
-        free(fx);                                                                   \
-        free(fy);                                                                   \
-        return rc_;                                                                 \
+        int rc_ = FS_OK;                                                                 \
+        if (!fx || !fy) rc_ = NOMEM(op);                                                 \
+        else {                                                                           \
+            fs_tensor tx = as_f32(x, fx), ty = as_f32(y, fy);                            \
+            f32(&ty, &tx, ##__VA_ARGS__);                                                \
+            down_buf(y->data, fy, fs_tensor_numel(y));                                   \
+        }                                                                                \
+        free(fx);                                                                        \
+        free(fy);                                                                        \
+        return rc_;                                                                      \
     } while (0)
 
-static int silu_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e) { BF16_UNARY(silu, y, x); }
-static int gelu_tanh_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e) { BF16_UNARY(gelu_tanh, y, x); }
-static int layernorm_bf16(fs_tensor *y, const fs_tensor *x, double eps, fs_err *e) { BF16_UNARY(layernorm, y, x, eps); }
+static int cpu_silu_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e) { BF16_UNARY("silu", cpu_silu_f32, y, x); }
+static int cpu_gelu_tanh_bf16(fs_tensor *y, const fs_tensor *x, fs_err *e)
+{
+    BF16_UNARY("gelu_tanh", cpu_gelu_tanh_f32, y, x);
+}
+static int cpu_layernorm_bf16(fs_tensor *y, const fs_tensor *x, double eps, fs_err *e)
+{
+    BF16_UNARY("layernorm", cpu_layernorm_f32, y, x, eps);
+}
 
-static int rmsnorm_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
+static int cpu_rmsnorm_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
 {
     float *fw = up(w); /* the weight multiplied in float32, one rounding (the shim's RMSNorm) */
     if (!fw) return NOMEM("rmsnorm");
@@ -227,7 +197,7 @@ static int rmsnorm_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, do
         if (!fx || !fy) rc = NOMEM("rmsnorm");
         else {
             fs_tensor tx = as_f32(x, fx), ty = as_f32(y, fy);
-            rmsnorm_f32(&ty, &tx, &tw, eps);
+            cpu_rmsnorm_f32(&ty, &tx, &tw, eps);
             down_buf(y->data, fy, fs_tensor_numel(y));
         }
         free(fx);
@@ -237,7 +207,7 @@ static int rmsnorm_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *w, do
     return rc;
 }
 
-static int add_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
+static int cpu_add_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
 {
     uint16_t *o = y->data;
     const uint16_t *a = x->data, *b = z->data;
@@ -247,7 +217,7 @@ static int add_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
     return FS_OK;
 }
 
-static int add_bias_bf16(fs_tensor *y, const fs_tensor *bias)
+static int cpu_add_bias_bf16(fs_tensor *y, const fs_tensor *bias)
 {
     uint16_t *p = y->data;
     const uint16_t *b = bias->data;
@@ -262,7 +232,7 @@ static int add_bias_bf16(fs_tensor *y, const fs_tensor *bias)
 /* The scheduler step on bf16 latents (torch: `sample.float() + dt * v` with dt a 0-dim float32
  * tensor, then `.to(bf16)`): dt is rounded to bf16 by type promotion, dt·v rounded to bf16, the
  * sum in float32, the result rounded to bf16. */
-static int axpby_bf16(fs_tensor *y, double a, const fs_tensor *x, double b)
+static int cpu_axpby_bf16(fs_tensor *y, double a, const fs_tensor *x, double b)
 {
     uint16_t *o = y->data;
     const uint16_t *u = x->data;
@@ -277,7 +247,7 @@ static int axpby_bf16(fs_tensor *y, double a, const fs_tensor *x, double b)
 }
 
 /* x·(1 + scale) + shift: three torch ops, three roundings. */
-static int modulate_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift)
+static int cpu_modulate_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift)
 {
     const int64_t B = x->shape[0], S = x->shape[1], D = x->shape[2];
     for (int64_t b = 0; b < B; b++) {
@@ -297,7 +267,7 @@ static int modulate_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *scal
 }
 
 /* x + gate·y: the product rounds, then the sum. */
-static int gated_add_bf16(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y)
+static int cpu_gated_add_bf16(fs_tensor *x, const fs_tensor *gate, const fs_tensor *y)
 {
     const int64_t B = x->shape[0], S = x->shape[1], D = x->shape[2];
     for (int64_t b = 0; b < B; b++) {
@@ -316,21 +286,21 @@ static int gated_add_bf16(fs_tensor *x, const fs_tensor *gate, const fs_tensor *
 }
 
 /* (x.float()·cos + rotate(x).float()·sin).to(bf16) with float32 tables */
-static int rope_bf16(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
+static int cpu_rope_bf16(fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
 {
     if (cos->dtype != FS_F32) return fs_errf(e, FS_E_INTERNAL, "rope on bfloat16 needs float32 tables");
     float *fx = up(x);
     if (!fx) return NOMEM("rope");
     fs_tensor tx = as_f32(x, fx);
-    rope_f32(&tx, cos, sin);
+    cpu_rope_f32(&tx, cos, sin);
     down_buf(x->data, fx, fs_tensor_numel(x));
     free(fx);
     return FS_OK;
 }
 
 /* q, k, v upcast; scores, softmax and P·V in float32; the output rounded once; LSE float32. */
-static int attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q, const fs_tensor *k,
-                          const fs_tensor *v, double scale, fs_err *e)
+static int cpu_attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, const fs_tensor *q,
+                              const fs_tensor *k, const fs_tensor *v, double scale, fs_err *e)
 {
     if (lse && lse->dtype != FS_F32) return fs_errf(e, FS_E_INTERNAL, "attention on bfloat16 writes a float32 LSE");
     float *fq = up(q), *fk = up(k), *fv = up(v), *fo = malloc(sizeof(float) * (size_t)fs_tensor_numel(out) + 1);
@@ -338,7 +308,8 @@ static int attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, 
     if (!fq || !fk || !fv || !fo) rc = NOMEM("attention");
     else {
         fs_tensor tq = as_f32(q, fq), tk = as_f32(k, fk), tv = as_f32(v, fv), to = as_f32(out, fo);
-        if (!(rc = attention_f32(&to, lse, layout, &tq, &tk, &tv, scale, e))) down_buf(out->data, fo, fs_tensor_numel(out));
+        if (!(rc = cpu_attention_f32(&to, lse, layout, &tq, &tk, &tv, scale, e)))
+            down_buf(out->data, fo, fs_tensor_numel(out));
     }
     free(fq);
     free(fk);
@@ -351,24 +322,24 @@ static int attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layout, 
 
 /* The instance for the dtype of the first tensor argument; a dtype no kernel serves is an error
  * naming the op, never a silent wrong answer. */
-#define DISPATCH(op, dt, ...)                                                                              \
-    do {                                                                                                   \
-        switch (dt) {                                                                                      \
-        case FS_F32: op##_f32(__VA_ARGS__); return FS_OK;                                                  \
-        case FS_F64: op##_f64(__VA_ARGS__); return FS_OK;                                                  \
-        default: return fs_errf(e, FS_E_INPUT, "cpu backend: %s on %s is not supported", #op, fs_dtype_name(dt)); \
-        }                                                                                                  \
+#define DISPATCH(dt, op, f32, f64, ...)                                                                   \
+    do {                                                                                                  \
+        switch (dt) {                                                                                     \
+        case FS_F32: f32(__VA_ARGS__); return FS_OK;                                                      \
+        case FS_F64: f64(__VA_ARGS__); return FS_OK;                                                      \
+        default: return fs_errf(e, FS_E_INPUT, "cpu backend: %s on %s is not supported", op, fs_dtype_name(dt)); \
+        }                                                                                                 \
     } while (0)
 
 static int cpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                     const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
-    if (dt == FS_BF16) return gemm_bf16(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    if (dt == FS_BF16) return cpu_gemm_bf16(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
     if (dt == FS_F32 && bias) {
-        gemm_bias_first_f32(M, N, K, A, lda, W, ldw, bias, C, ldc);
+        cpu_gemm_bias_first_f32(M, N, K, A, lda, W, ldw, bias, C, ldc);
         return FS_OK;
     }
-    DISPATCH(gemm, dt, M, N, K, A, lda, W, ldw, bias, C, ldc);
+    DISPATCH(dt, "gemm", cpu_gemm_f32, cpu_gemm_f64, M, N, K, A, lda, W, ldw, bias, C, ldc);
 }
 static int cpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
 {
@@ -390,62 +361,62 @@ static int cpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err 
 }
 static int cpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return add_bf16(y, x, z);
-    DISPATCH(add, y->dtype, y, x, z);
+    if (y->dtype == FS_BF16) return cpu_add_bf16(y, x, z);
+    DISPATCH(y->dtype, "add", cpu_add_f32, cpu_add_f64, y, x, z);
 }
 static int cpu_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return add_bias_bf16(y, b);
-    DISPATCH(add_bias, y->dtype, y, b);
+    if (y->dtype == FS_BF16) return cpu_add_bias_bf16(y, b);
+    DISPATCH(y->dtype, "add_bias", cpu_add_bias_f32, cpu_add_bias_f64, y, b);
 }
 static int cpu_axpby(fs_backend *be, fs_tensor *y, double a, const fs_tensor *x, double b, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return axpby_bf16(y, a, x, b);
-    DISPATCH(axpby, y->dtype, y, a, x, b);
+    if (y->dtype == FS_BF16) return cpu_axpby_bf16(y, a, x, b);
+    DISPATCH(y->dtype, "axpby", cpu_axpby_f32, cpu_axpby_f64, y, a, x, b);
 }
 static int cpu_silu(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return silu_bf16(y, x, e);
-    DISPATCH(silu, y->dtype, y, x);
+    if (y->dtype == FS_BF16) return cpu_silu_bf16(y, x, e);
+    DISPATCH(y->dtype, "silu", cpu_silu_f32, cpu_silu_f64, y, x);
 }
 static int cpu_gelu_tanh(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return gelu_tanh_bf16(y, x, e);
-    DISPATCH(gelu_tanh, y->dtype, y, x);
+    if (y->dtype == FS_BF16) return cpu_gelu_tanh_bf16(y, x, e);
+    DISPATCH(y->dtype, "gelu_tanh", cpu_gelu_tanh_f32, cpu_gelu_tanh_f64, y, x);
 }
 static int cpu_layernorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, double eps, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return layernorm_bf16(y, x, eps, e);
-    DISPATCH(layernorm, y->dtype, y, x, eps);
+    if (y->dtype == FS_BF16) return cpu_layernorm_bf16(y, x, eps, e);
+    DISPATCH(y->dtype, "layernorm", cpu_layernorm_f32, cpu_layernorm_f64, y, x, eps);
 }
 static int cpu_rmsnorm(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *w, double eps, fs_err *e)
 {
-    if (y->dtype == FS_BF16) return rmsnorm_bf16(y, x, w, eps, e);
-    DISPATCH(rmsnorm, y->dtype, y, x, w, eps);
+    if (y->dtype == FS_BF16) return cpu_rmsnorm_bf16(y, x, w, eps, e);
+    DISPATCH(y->dtype, "rmsnorm", cpu_rmsnorm_f32, cpu_rmsnorm_f64, y, x, w, eps);
 }
 static int cpu_modulate(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *scale, const fs_tensor *shift,
                         fs_err *e)
 {
-    if (y->dtype == FS_BF16) return modulate_bf16(y, x, scale, shift);
-    DISPATCH(modulate, y->dtype, y, x, scale, shift);
+    if (y->dtype == FS_BF16) return cpu_modulate_bf16(y, x, scale, shift);
+    DISPATCH(y->dtype, "modulate", cpu_modulate_f32, cpu_modulate_f64, y, x, scale, shift);
 }
 static int cpu_gated_add(fs_backend *be, fs_tensor *x, const fs_tensor *gate, const fs_tensor *y, fs_err *e)
 {
-    if (x->dtype == FS_BF16) return gated_add_bf16(x, gate, y);
-    DISPATCH(gated_add, x->dtype, x, gate, y);
+    if (x->dtype == FS_BF16) return cpu_gated_add_bf16(x, gate, y);
+    DISPATCH(x->dtype, "gated_add", cpu_gated_add_f32, cpu_gated_add_f64, x, gate, y);
 }
 static int cpu_rope(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e)
 {
-    if (x->dtype == FS_BF16) return rope_bf16(x, cos, sin, e);
-    DISPATCH(rope, x->dtype, x, cos, sin);
+    if (x->dtype == FS_BF16) return cpu_rope_bf16(x, cos, sin, e);
+    DISPATCH(x->dtype, "rope", cpu_rope_f32, cpu_rope_f64, x, cos, sin);
 }
 static int cpu_attention(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                          const fs_tensor *v, double scale, fs_err *e)
 {
     switch (q->dtype) {
-    case FS_F32: return attention_f32(out, lse, be->lse_layout, q, k, v, scale, e);
-    case FS_F64: return attention_f64(out, lse, be->lse_layout, q, k, v, scale, e);
-    case FS_BF16: return attention_bf16(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_F32: return cpu_attention_f32(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_F64: return cpu_attention_f64(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_BF16: return cpu_attention_bf16(out, lse, be->lse_layout, q, k, v, scale, e);
     }
     return fs_errf(e, FS_E_INPUT, "cpu backend: attention on %s is not supported", fs_dtype_name(q->dtype));
 }
@@ -454,7 +425,7 @@ static int cpu_lse_convert(fs_backend *be, fs_tensor *dst, fs_lse_layout dl, con
 {
     if (fs_tensor_numel(dst) < B * H * S || fs_tensor_numel(src) < B * H * S)
         return fs_errf(e, FS_E_INTERNAL, "lse_convert: tensors smaller than B·H·S = %lld", (long long)(B * H * S));
-    DISPATCH(lse_convert, dst->dtype, dst, dl, src, sl, B, H, S);
+    DISPATCH(dst->dtype, "lse_convert", cpu_lse_convert_f32, cpu_lse_convert_f64, dst, dl, src, sl, B, H, S);
 }
 static int cpu_ring_merge(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *out_i, const fs_tensor *lse_i,
                           fs_err *e)
@@ -463,14 +434,14 @@ static int cpu_ring_merge(fs_backend *be, fs_tensor *out, fs_tensor *lse, const 
         float *fi = up(out_i);
         if (!fi) return NOMEM("ring_merge");
         fs_tensor ti = as_f32(out_i, fi);
-        ring_merge_f32(out, lse, &ti, lse_i);
+        cpu_ring_merge_f32(out, lse, &ti, lse_i);
         free(fi);
         return FS_OK;
     }
     if (out_i->dtype != out->dtype)
         return fs_errf(e, FS_E_INTERNAL, "ring_merge: a %s partial into a %s accumulator", fs_dtype_name(out_i->dtype),
                        fs_dtype_name(out->dtype));
-    DISPATCH(ring_merge, out->dtype, out, lse, out_i, lse_i);
+    DISPATCH(out->dtype, "ring_merge", cpu_ring_merge_f32, cpu_ring_merge_f64, out, lse, out_i, lse_i);
 }
 
 #define CPU_OPS                                                                                              \

@@ -1,12 +1,13 @@
+/* fs_tensor.c — fs_tensor.h: shapes, host allocation, views, host copies. Nothing here touches a
+ * backend: what does (fs_tensor_alloc_on, fs_tensor_free, upload, download, host views) is in
+ * fs_backend.c. */
 #include "fs_tensor.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs_backend.h"
-
-static int set_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
+int fs_tensor_init_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
 {
     memset(t, 0, sizeof *t);
     if (ndim < 1 || ndim > FS_MAX_DIMS)
@@ -27,7 +28,7 @@ static int set_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, 
 
 static int alloc_impl(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, int zero, fs_err *e)
 {
-    int rc = set_shape(t, dt, ndim, shape, e);
+    int rc = fs_tensor_init_shape(t, dt, ndim, shape, e);
     if (rc) return rc;
     size_t n = fs_tensor_nbytes(t);
     /* 64-byte alignment: what OpenBLAS and AVX-512 loads like best. */
@@ -62,39 +63,6 @@ int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t 
     return fs_tensor_alloc(t, dt, 3, s, e);
 }
 
-static int alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, int zero, fs_err *e)
-{
-    if (!be) return alloc_impl(t, dt, ndim, shape, zero, e);
-    int rc = set_shape(t, dt, ndim, shape, e);
-    if (rc) return rc;
-    size_t n = fs_tensor_nbytes(t);
-    if ((rc = be->alloc(be, n ? n : 1, &t->data, e))) return rc;
-    t->be = be;
-    t->owns = 1;
-    if (zero && (rc = be->memset(be, t->data, 0, n, e))) fs_tensor_free(t);
-    return rc;
-}
-
-int fs_tensor_alloc_on(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
-{
-    return alloc_on(t, be, dt, ndim, shape, 1, e);
-}
-
-int fs_tensor_alloc_on_uninit(fs_tensor *t, fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e)
-{
-    return alloc_on(t, be, dt, ndim, shape, 0, e);
-}
-
-void fs_tensor_free(fs_tensor *t)
-{
-    if (!t) return;
-    if (t->owns) {
-        if (t->be) t->be->free(t->be, t->data);
-        else free(t->data);
-    }
-    memset(t, 0, sizeof *t);
-}
-
 int64_t fs_tensor_numel(const fs_tensor *t)
 {
     int64_t n = 1;
@@ -106,8 +74,6 @@ size_t fs_tensor_nbytes(const fs_tensor *t)
 {
     return (size_t)fs_tensor_numel(t) * fs_dtype_size(t->dtype);
 }
-
-int fs_tensor_is_host(const fs_tensor *t) { return !t->be || t->be->host_addressable; }
 
 fs_tensor fs_tensor_reshape(const fs_tensor *t, int ndim, const int64_t *shape)
 {
@@ -168,51 +134,4 @@ int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e)
         for (int64_t i = 0; i < n; i++) fs_tensor_set(dst, i, fs_tensor_get(src, i));
     }
     return FS_OK;
-}
-
-static int check_pair(const fs_tensor *a, const fs_tensor *b, const char *what, fs_err *e)
-{
-    if (a->dtype != b->dtype || fs_tensor_numel(a) != fs_tensor_numel(b))
-        return fs_errf(e, FS_E_INTERNAL, "%s: %s x %lld into %s x %lld", what, fs_dtype_name(b->dtype),
-                       (long long)fs_tensor_numel(b), fs_dtype_name(a->dtype), (long long)fs_tensor_numel(a));
-    return FS_OK;
-}
-
-int fs_tensor_upload(fs_tensor *dst, const fs_tensor *src, fs_err *e)
-{
-    int rc = check_pair(dst, src, "upload", e);
-    if (rc) return rc;
-    size_t n = fs_tensor_nbytes(src);
-    if (n == 0 || dst->data == src->data) return FS_OK;
-    if (!dst->be) {
-        memcpy(dst->data, src->data, n);
-        return FS_OK;
-    }
-    return dst->be->upload2d(dst->be, dst->data, n, src->data, n, n, 1, e);
-}
-
-int fs_tensor_download(fs_tensor *dst, const fs_tensor *src, fs_err *e)
-{
-    int rc = check_pair(dst, src, "download", e);
-    if (rc) return rc;
-    size_t n = fs_tensor_nbytes(src);
-    if (n == 0 || dst->data == src->data) return FS_OK;
-    if (!src->be) {
-        memcpy(dst->data, src->data, n);
-        return FS_OK;
-    }
-    return src->be->download2d(src->be, dst->data, n, src->data, n, n, 1, e);
-}
-
-int fs_tensor_host_view(const fs_tensor *src, fs_tensor *out, fs_err *e)
-{
-    if (fs_tensor_is_host(src)) {
-        *out = *src;
-        out->owns = 0;
-        return FS_OK;
-    }
-    int rc = fs_tensor_alloc(out, src->dtype, src->ndim, src->shape, e);
-    if (!rc) rc = fs_tensor_download(out, src, e);
-    if (rc) fs_tensor_free(out);
-    return rc;
 }

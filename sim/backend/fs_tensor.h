@@ -4,7 +4,11 @@
  * recorders download); otherwise the memory of that backend (fs_backend.h), which may not be
  * addressable from the host at all (a GPU, or the strict test backend). Only the backend's own
  * ops may touch such memory; pointer arithmetic on `data` to address a sub-block is fine (as
- * with device pointers), dereferencing it is not. fs_tensor_is_host() tells which case holds.
+ * with device pointers), dereferencing it is not. fs_tensor_is_host() (fs_backend.h) tells which case holds.
+ *
+ * This module knows shapes, host memory and views only. What goes through a backend's memory
+ * ops (fs_tensor_alloc_on, fs_tensor_free, fs_tensor_is_host, upload, download, host views) is
+ * declared in fs_backend.h, the layer above, which builds on this one.
  *
  * A tensor either owns its buffer (owns=1, freed by fs_tensor_free through its backend) or is a
  * view into memory owned elsewhere (an mmap'd checkpoint, a slice of a bigger tensor). Views
@@ -29,7 +33,7 @@ typedef struct fs_tensor {
     int owns;
 } fs_tensor;
 
-/* Host tensors, zero-filled, 64-byte aligned. */
+/* Host tensors, zero-filled, 64-byte aligned; fs_tensor_free (fs_backend.h) frees them. */
 int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
 /* The same without the zero fill: the contents are undefined until written. For callers that write
  * every element themselves (fs_weights_synthetic_shard), so that the pages are first touched by
@@ -37,20 +41,13 @@ int fs_tensor_alloc(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, f
 int fs_tensor_alloc_uninit(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
 int fs_tensor_alloc2(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, fs_err *e);
 int fs_tensor_alloc3(fs_tensor *t, fs_dtype dt, int64_t d0, int64_t d1, int64_t d2, fs_err *e);
-/* A zero-filled tensor in the memory of `be` (alloc + explicit memset); be NULL is the host. */
-int fs_tensor_alloc_on(fs_tensor *t, struct fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
-/* The same without the memset: for an op's output that the op writes in full (a GEMM with
- * beta = 0, an element-wise op, a copy). Contents undefined until written. */
-int fs_tensor_alloc_on_uninit(fs_tensor *t, struct fs_backend *be, fs_dtype dt, int ndim, const int64_t *shape,
-                              fs_err *e);
-/* Frees owned data through the backend that allocated it; clears views. Safe on either. */
-void fs_tensor_free(fs_tensor *t);
+/* Sets t's dtype and shape, no data (t->data NULL, owns 0), after checking the rank (1..4) and
+ * the size (numel · 8 bytes fits in int64): what every allocator does first, here and in
+ * fs_backend.c's fs_tensor_alloc_on. */
+int fs_tensor_init_shape(fs_tensor *t, fs_dtype dt, int ndim, const int64_t *shape, fs_err *e);
 
 int64_t fs_tensor_numel(const fs_tensor *t);
 size_t fs_tensor_nbytes(const fs_tensor *t);
-/* 1 when t->data may be read and written by host code: host memory, or a backend whose memory
- * is ordinary host memory (the CPU backend). */
-int fs_tensor_is_host(const fs_tensor *t);
 
 /* A view of the same memory with another shape (numel must match). */
 fs_tensor fs_tensor_reshape(const fs_tensor *t, int ndim, const int64_t *shape);
@@ -65,13 +62,5 @@ double fs_tensor_get(const fs_tensor *t, int64_t i);
 void fs_tensor_set(fs_tensor *t, int64_t i, double v);
 /* Host copy with dtype conversion (bf16 rounds to nearest even); numel must match. */
 int fs_tensor_copy(fs_tensor *dst, const fs_tensor *src, fs_err *e);
-
-/* Whole-tensor transfers between a host tensor and a backend tensor of the same dtype and numel
- * (the backend's upload/download; a memcpy, or nothing, when both are host memory). */
-int fs_tensor_upload(fs_tensor *dst, const fs_tensor *src_host, fs_err *e);
-int fs_tensor_download(fs_tensor *dst_host, const fs_tensor *src, fs_err *e);
-/* What a recorder reads: `src` itself (a view, no copy) when it is host-addressable, else a new
- * host tensor holding its downloaded bytes. fs_tensor_free(out) is right in both cases. */
-int fs_tensor_host_view(const fs_tensor *src, fs_tensor *out, fs_err *e);
 
 #endif

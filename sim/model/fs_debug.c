@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "fs_backend.h"
+
 char fs_debug_module[192];
 int fs_debug_step = -1;
 volatile int fs_debug_wait = 1;

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "fs_backend.h"
+
 void fs_inputs_free(fs_inputs *in)
 {
     if (!in) return;

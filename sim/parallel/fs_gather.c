@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_backend.h"
+
 static int same_piece(const fs_piece *a, const fs_piece *b)
 {
     if (a->ndim != b->ndim || a->sh.ndims != b->sh.ndims) return 0;

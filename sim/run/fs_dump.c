@@ -10,6 +10,7 @@
  * same format/version checks with the same messages. */
 #include "fs_dump.h"
 
+#include "fs_backend.h"
 #include "fs_cleanup.h"
 #include "fs_comm.h"
 

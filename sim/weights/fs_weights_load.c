@@ -6,6 +6,7 @@
  * order, so a plan is a row slice of a bigger tensor, or two slices swapped. A single contiguous
  * slice of an F32 source in an F32 run is used in place (a view into the mapping); anything
  * else is decoded into an owned tensor. */
+#include "fs_backend.h"
 #include "fs_pipeline.h"
 #include "fs_safetensors.h"
 #include "fs_weights_load.h"

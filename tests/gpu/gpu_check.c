@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "fs_backend.h"
+#include "fs_backends.h"
 #ifdef FS_WITH_GPU
 #include "gpu/fs_backend_gpu.h"
 #endif

@@ -1,8 +1,8 @@
 /* fs_backend_gpu.h — the GPU backend (CUDA or HIP, one source: the .cu files of sim/backend/gpu/), seen from C.
  *
- * Built only with `make GPU=cuda` or `make GPU=hip` (docs/gpu.md); sim/backend/fs_backend.c includes this
- * header when compiled with -DFS_WITH_GPU (and -DFS_GPU_HIP for the HIP build) and hands the
- * names "cuda" / "hip" to fs_backend_gpu_open. */
+ * Built only with `make GPU=cuda` or `make GPU=hip` (docs/gpu.md); the registry,
+ * sim/backend/fs_backends.c, includes this header when compiled with -DFS_WITH_GPU (and
+ * -DFS_GPU_HIP for the HIP build) and hands the names "cuda" / "hip" to fs_backend_gpu_open. */
 #ifndef FS_BACKEND_GPU_H
 #define FS_BACKEND_GPU_H
 
