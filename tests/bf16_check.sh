@@ -18,18 +18,12 @@
 #   5. every --inject bug (`flux-sim --inject list`, fail-rank aside: a fault, tests/rank_failure.sh)
 #      is still caught by --check in bf16, at its step and module.
 # Real PyTorch bf16 runs with real bugs, judged by the same verdict: tests/bf16_torch_bugs.sh.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=${FLUX_BUILD:-build}/flux-sim OR=${FLUX_BUILD:-build}/flux-oracle PY=/usr/bin/python3
+. "$(dirname "$0")/lib.sh"
+SIM=${FLUX_BUILD:-build}/flux-sim OR=${FLUX_BUILD:-build}/flux-oracle
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-T=$(mktemp -d /tmp/fluxsim-bf16-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+tmpdir bf16
 if [ ! -d "$ref/tiny" ]; then
-  echo "*** SKIPPED bf16 checks: $ref not found — these tests did NOT run ***"
-  echo "0 passed, 0 failed"; exit 0
+  skip_all "bf16 checks: $ref not found — these tests did NOT run"
 fi
 run() { timeout 300 mpirun -np "$1" "$SIM" "${@:2}" </dev/null; }
 
@@ -135,6 +129,4 @@ for cs in "${CASES[@]}"; do
   if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step $step, $module" <<<"$out"; then ok "bf16 --inject $bug under $layout: caught at step $step $module"
   else bad "bf16 --inject $bug under $layout: exit $rc, want step $step $module"; grep -E "DIVERGED|error" <<<"$out" | head -2; fi
 done
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -10,18 +10,11 @@
 #     line (exit 2, one flux-sim line naming the heads and the layouts that can run);
 #   * the seed's TP-1 bug (plain rowwise on single-block proj_out) exits 1 at step 0,
 #     single_transformer_blocks.0.proj_out.
-set -u
-cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
-SIM=${FLUX_BUILD:-build}/flux-sim
+. "$(dirname "$0")/lib.sh"
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
-T=$(mktemp -d /tmp/fluxsim-par-XXXXXX)
-pass=0; fail=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+tmpdir par
 if [ ! -d "$ref/tiny" ]; then
-  echo "*** SKIPPED parallel layout matrix: $ref not found — these tests did NOT run ***"
-  echo "0 passed, 0 failed"; exit 0
+  skip_all "parallel layout matrix: $ref not found — these tests did NOT run"
 fi
 # ranks | layout | tiny (4 heads) | odd (6 heads): "run", or "refuse" when tp·ulysses does not
 # divide the heads (each rank must own whole heads)
@@ -44,7 +37,7 @@ refusal() {
   esac
 }
 compare() { # our dump, reference dump, bound
-  /usr/bin/python3 - "$@" <<'PY'
+  $PY - "$@" <<'PY'
 import sys, json, h5py, numpy as np
 ours, ref, bound = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r"), float(sys.argv[3])
 par = json.loads(ours.attrs["parallel"])
@@ -67,7 +60,7 @@ PY
 # conformance tests there
 precisions=${FLUX_PARCHECK_PRECISIONS:-fp32 fp64}
 for p in fp32 fp64; do
-  [[ " $precisions " == *" $p "* ]] || echo "*** SKIPPED the $p layout matrix (FLUX_PARCHECK_PRECISIONS=$precisions) — it did NOT run ***"
+  [[ " $precisions " == *" $p "* ]] || skip "the $p layout matrix (FLUX_PARCHECK_PRECISIONS=$precisions) — it did NOT run"
 done
 # fp64 --check tolerance of this matrix. A correct layout only reorders float64 sums, so the
 # layout-vs-single-rank difference is rounding: measured worst over the whole matrix (both
@@ -128,7 +121,7 @@ done
 # global dump of the same run, bit for bit (and replicated copies are identical across ranks)
 timeout 300 mpirun -np 4 "$SIM" --weights "$ref/odd/weights.safetensors" --inputs "$ref/odd/dump_fp64.h5" --tp 2 --ring 2 -q \
   --dump "$T/global.h5" --dump-per-rank "$T/ranks" >"$T/log" 2>&1 || bad "per-rank dump run failed: $(tail -2 "$T/log")"
-if /usr/bin/python3 - "$T/global.h5" "$T/ranks" <<'PY'
+if $PY - "$T/global.h5" "$T/ranks" <<'PY'
 import sys, json, h5py, numpy as np
 g = h5py.File(sys.argv[1], "r")
 ranks = [h5py.File(f"{sys.argv[2]}/rank_{r}.h5", "r") for r in range(4)]
@@ -158,6 +151,4 @@ then ok "--dump-per-rank (odd, tp 2 x ring 2): local views + sharding map == glo
 # that run had no --check, so every rank (rank 0 too) ran on its TP weight shard only
 if compare "$T/global.h5" "$ref/odd/dump_fp64.h5" 1e-4 >"$T/cmp" 2>&1; then ok "all ranks on weight shards (no --check): dump vs diffusers$(cat "$T/cmp")"
 else bad "sharded-weights run vs reference"; cat "$T/cmp"; fi
-rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
