@@ -4,12 +4,10 @@
 # MPI_Init/MPI_Finalize until exit (see docs/reliability.md); make sanitize checks leaks with
 # LeakSanitizer instead. Takes ~2.5 minutes, so neither `make test` nor `make sanitize` runs it:
 # `make valgrind`. Needs the plain build (valgrind cannot run ASan binaries).
-set -u
-cd "$(dirname "$0")/.."
-B=${FLUX_BUILD:-build}
+. "$(dirname "$0")/lib.sh"
 [ "$B" = build-san ] && B=build
 if ! command -v valgrind >/dev/null; then
-  echo "*** SKIPPED valgrind.sh: valgrind not installed (tools/install-deps.sh installs it) — this test did NOT run ***"
+  skip "valgrind.sh: valgrind not installed (tools/install-deps.sh installs it) — this test did NOT run"
   exit 0
 fi
 log=$(mktemp /tmp/fluxsim-valgrind-XXXXXX)
