@@ -9,8 +9,10 @@ static const char *layout_problem(const fs_config *c, int tp, int u, int r, char
 {
     const int H = c->num_attention_heads, D = fs_config_hidden(c), F = fs_config_mlp_hidden(c);
     if (tp < 1 || u < 1 || r < 1) return "degrees must be >= 1";
-    if (H % (tp * u)) {
-        snprintf(buf, n, "%d heads are not divisible by tp·ulysses = %d (each rank must own whole heads)", H, tp * u);
+    const int64_t tu = (int64_t)tp * u; /* in 64 bits: tp and u may each be up to 10^6 */
+    if (H % tu) {
+        snprintf(buf, n, "%d heads are not divisible by tp·ulysses = %lld (each rank must own whole heads)", H,
+                 (long long)tu);
         return buf;
     }
     if (D % tp || F % tp) {
@@ -47,9 +49,16 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
 {
     memset(p, 0, sizeof *p);
     char why[256], alt[512];
-    if (tp * u * r != world->size)
-        return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %d ranks, but the job has %d; layouts for %d ranks: %s",
-                       tp, u, r, tp * u * r, world->size, world->size, layouts_that_fit(c, world->size, alt, sizeof alt));
+    /* the product in 64 bits, checked: an int product overflowed (undefined behaviour) and printed
+     * "= -1486618624 ranks" for --tp, --ulysses and --ring 10^6 */
+    int64_t ranks;
+    char nr[32];
+    const int ovf = __builtin_mul_overflow((int64_t)tp * u, (int64_t)r, &ranks);
+    if (ovf) snprintf(nr, sizeof nr, "more than 2^63");
+    else snprintf(nr, sizeof nr, "%lld", (long long)ranks);
+    if (tp < 1 || u < 1 || r < 1 || ovf || ranks != world->size)
+        return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %s ranks, but the job has %d; layouts for %d ranks: %s",
+                       tp, u, r, nr, world->size, world->size, layouts_that_fit(c, world->size, alt, sizeof alt));
     if (layout_problem(c, tp, u, r, why, sizeof why))
         return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d cannot run this model: %s; layouts that can: %s",
                        tp, u, r, why, layouts_that_fit(c, world->size, alt, sizeof alt));
