@@ -9,6 +9,7 @@
 
 #include "fo_dump.h"
 #include "fs_estimate.h"
+#include "fs_job.h"
 #include "fs_plan.h"
 #include "fs_weights.h"
 
@@ -316,7 +317,47 @@ static void test_bytes_str(void **s)
     assert_string_equal(fs_estimate_bytes_str(512, b, sizeof b), "512 B");
     assert_string_equal(fs_estimate_bytes_str(1536, b, sizeof b), "1.5 KiB");
     assert_string_equal(fs_estimate_bytes_str(24ull << 30, b, sizeof b), "24 GiB");
-    assert_string_equal(fs_estimate_bytes_str(UINT64_MAX, b, sizeof b), "16 EiB");
+    assert_string_equal(fs_estimate_bytes_str(UINT64_MAX - 1, b, sizeof b), "16 EiB");
+    /* a saturated sum or product (probe T14: a dump of ~10^20 bytes printed "16 EiB") */
+    assert_string_equal(fs_estimate_bytes_str(UINT64_MAX, b, sizeof b), "more than 16 EiB");
+}
+
+/* Probe T14: --estimate's "fits here" total (rank 0 + every other rank) saturates instead of
+ * wrapping ("need 6.6 EiB" for ~215 EiB), and --estimate refuses a layout the run refuses
+ * (fs_par_set_seq: no sequence-parallel rank without a token). */
+static void test_job_estimate(void **s)
+{
+    fs_err e = {0};
+    if (!fs_comm_initialized()) assert_int_equal(fs_comm_init(NULL, NULL, &e), 0);
+    fs_job_opts o;
+    memset(&o, 0, sizeof o);
+    o.precision = "fp64";
+    o.stream = "auto";
+    o.config = "flux-dev";
+    o.gen = (fs_gen_params){.seed = 0, .batch = 64, .grid_h = 2048, .grid_w = 2048, .txt_len = 4194304, .steps = 4,
+                            .guidance = 3.5};
+    o.tp = 24;
+    o.ring = 1000000;
+    fs_job_estimate est;
+    assert_int_equal(fs_job_estimate_compute(&o, &est, &e), 0);
+    assert_int_equal(est.ranks, 24000000);
+    assert_true(est.e1.rank_bytes > 0);
+    assert_true(est.here_bytes == UINT64_MAX); /* 24e6 ranks x ~9 TiB: saturated, not wrapped */
+    char b[32];
+    print_message("      24,000,000 ranks need %s\n", fs_estimate_bytes_str(est.here_bytes, b, sizeof b));
+
+    /* 288 tokens over a million ring ranks: the run says no rank may be empty, and so does --estimate */
+    o.config = NULL;
+    o.precision = "fp32";
+    o.gen = (fs_gen_params){.seed = 0, .batch = 1, .grid_h = 16, .grid_w = 16, .txt_len = 32, .steps = 4, .guidance = 3.5};
+    o.tp = 0;
+    o.ring = 1000000;
+    assert_int_equal(fs_job_estimate_compute(&o, &est, &e), FS_E_INPUT);
+    print_message("      %s\n", e.msg);
+    assert_non_null(strstr(e.msg, "would hold no token"));
+    o.ring = 256; /* every rank holds an image token (the text goes to the first 32): runs */
+    assert_int_equal(fs_job_estimate_compute(&o, &est, &e), 0);
+    fs_comm_finalize();
 }
 
 int main(void)
@@ -326,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_monotone_and_layouts), cmocka_unit_test(test_saturates),
         cmocka_unit_test(test_invalid_request),     cmocka_unit_test(test_refusal_names_the_option),
         cmocka_unit_test(test_bytes_str),           cmocka_unit_test(test_mem_limit_rlimit),
+        cmocka_unit_test(test_job_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

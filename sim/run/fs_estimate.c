@@ -91,7 +91,7 @@ static double forward_flops(const fs_config *c, double B, double Si, double St, 
 }
 
 /* Elements of every dataset one step of a full dump records (global shapes). Mirrors what
- * fs_model.c and fs_sampler.c record; tests/test_estimate.c checks it against a real dump. */
+ * fs_flux1.c and fs_sampler.c record; tests/test_estimate.c checks it against a real dump. */
 static uint64_t dump_step_elems(const fs_config *c, uint64_t B, uint64_t Si, uint64_t St)
 {
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
@@ -337,6 +337,10 @@ uint64_t fs_estimate_mem_limit(char *what, size_t n)
 const char *fs_estimate_bytes_str(uint64_t n, char *buf, size_t len)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (n == UINT64_MAX) { /* saturated (add, mul): the true amount is at least this */
+        snprintf(buf, len, "more than 16 EiB");
+        return buf;
+    }
     double v = (double)n;
     int u = 0;
     while (v >= 1024 && u < 6) {

@@ -163,7 +163,8 @@ uint64_t fs_estimate_disk_free(const char *path);
  * the one call the CLI makes before allocating. */
 int fs_estimate_refuse(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
 
-/* "1.2 GiB" (binary units, one decimal; bytes below 1 KiB as "512 B"). */
+/* "1.2 GiB" (binary units, one decimal; bytes below 1 KiB as "512 B"); UINT64_MAX, what a
+ * saturated sum or product gives, as "more than 16 EiB". */
 const char *fs_estimate_bytes_str(uint64_t n, char *buf, size_t len);
 
 #endif
