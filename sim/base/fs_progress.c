@@ -35,7 +35,13 @@ void fs_progress_init(fs_progress *p, FILE *f)
 {
     memset(p, 0, sizeof *p);
     p->f = f;
-    p->tty = f && isatty(fileno(f));
+    /* a line rewritten in place needs a terminal that moves the cursor: TERM=dumb (Emacs shells,
+     * some CI consoles) gets plain lines, as a log does. NO_COLOR (no-color.org): no escape
+     * sequence at all; the line is still rewritten with \r, padded with blanks instead of
+     * erased with ESC [K. */
+    const char *term = getenv("TERM"), *nc = getenv("NO_COLOR");
+    p->tty = f && isatty(fileno(f)) && !(term && !strcmp(term, "dumb"));
+    p->esc = !(nc && *nc);
     const char *a = getenv("FLUX_SIM_PROGRESS_AFTER");
     char *end;
     p->after = QUIET_S;
@@ -87,12 +93,17 @@ void fs_progress_block(void *ctx, int step, int done, int total)
     const double frac = ((double)step * total + done) / ((double)(p->nsteps > 0 ? p->nsteps : 1) * total);
     double rss, peak;
     fs_mem_rss(&rss, &peak);
-    char e1[32], e2[32];
-    fprintf(p->f, "%sflux-sim: %s: step %d/%d, block %d/%d | %s elapsed, ETA %s | RSS %.2f GiB (peak %.2f GiB)%s",
-            p->tty ? "\r" : "", p->phase, step + 1, p->nsteps, done, total, dur(el, e1, sizeof e1),
-            frac > 0 ? dur(el * (1 - frac) / frac, e2, sizeof e2) : "?", rss / 1073741824.0, peak / 1073741824.0,
-            p->tty ? "\033[K" : "\n");
+    char e1[32], e2[32], line[256];
+    const int len = snprintf(line, sizeof line, "flux-sim: %s: step %d/%d, block %d/%d | %s elapsed, ETA %s | RSS %.2f GiB "
+                                               "(peak %.2f GiB)",
+                             p->phase, step + 1, p->nsteps, done, total, dur(el, e1, sizeof e1),
+                             frac > 0 ? dur(el * (1 - frac) / frac, e2, sizeof e2) : "?", rss / 1073741824.0,
+                             peak / 1073741824.0);
+    if (!p->tty) fprintf(p->f, "%s\n", line);
+    else if (p->esc) fprintf(p->f, "\r%s\033[K", line);
+    else fprintf(p->f, "\r%s%*s", line, p->shown_len > len ? p->shown_len - len : 0, ""); /* blanks over the rest */
     fflush(p->f);
+    p->shown_len = len;
     p->shown = p->tty;
     p->last_line = t;
 }
@@ -100,10 +111,12 @@ void fs_progress_block(void *ctx, int step, int done, int total)
 void fs_progress_end(fs_progress *p)
 {
     if (p->f && p->shown) {
-        fputs("\r\033[K", p->f);
+        if (p->esc) fputs("\r\033[K", p->f);
+        else fprintf(p->f, "\r%*s\r", p->shown_len, "");
         fflush(p->f);
     }
     p->shown = 0;
+    p->shown_len = 0;
 }
 
 const double *fs_progress_step_times(const fs_progress *p, int *n)

@@ -5,7 +5,7 @@
  * in-job reference, the matched truth, the run), step and block, and prints
  *   flux-sim: run: step 3/28, block 41/57 | 12m03s elapsed, ETA 1h10m | RSS 5.21 GiB (peak 6.10 GiB)
  * On a terminal it is one line rewritten in place (at most 5 times a second) and erased when the
- * phase ends; in a log it is a line per finished step, plus a line per block while a block-level
+ * phase ends (TERM=dumb: plain lines as in a log; NO_COLOR: rewritten without escape sequences); in a log it is a line per finished step, plus a line per block while a block-level
  * line has not been printed for 10 s — and nothing at all during a phase's first 2 s
  * ($FLUX_SIM_PROGRESS_AFTER seconds if set), so quick runs (tests, CI) print no progress. The reporter also keeps each step's wall time for
  * the run's summary. */
@@ -16,7 +16,9 @@
 
 typedef struct fs_progress {
     FILE *f;      /* NULL: silent (but still timing steps) */
-    int tty;
+    int tty;      /* a terminal that can rewrite a line (not TERM=dumb) */
+    int esc;      /* may use ESC [K (not NO_COLOR): else blanks erase the rest of the line */
+    int shown_len;/* characters of the line on screen */
     double after; /* seconds of a phase before its first line: 2, or $FLUX_SIM_PROGRESS_AFTER */
     char phase[32];
     int nsteps;
