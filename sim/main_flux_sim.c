@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <getopt.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -118,6 +119,9 @@ static void usage(FILE *f)
             "                        FLOPs and collective bytes per step of the run the other options describe,\n"
             "                        here and on a GPU holding every weight, and whether it fits (docs/scale.md)\n"
             "  --device-mem SIZE     with --estimate: a GPU's memory (80G, 24GiB, 16GB) to judge the GPU column\n"
+            "  --clean PATH          run nothing: remove the temporaries (PATH.tmp.<pid>.<host>) a killed run\n"
+            "                        left for the dump PATH, or in the --dump-per-rank directory PATH, whose\n"
+            "                        process is gone from this host (repeatable; a run writing PATH does it too)\n"
             "  -q, --quiet           print nothing but errors\n"
             "  -h, --help            this help;  -V, --version\n"
             "\n"
@@ -182,23 +186,44 @@ static int parse_threads(const char *s, int *out, fs_err *e)
     return rc;
 }
 
-/* --device-mem 80G: a number with a unit; G, GiB = 2^30 (what nvidia-smi and torch report),
- * GB = 10^9 (datasheets), likewise M/MiB/MB and T/TiB/TB. */
+/* --device-mem 80G: a decimal number (digits, optionally a point and more digits: no sign,
+ * exponent, hex or blanks) with a unit; G, GiB = 2^30 (what nvidia-smi and torch report),
+ * GB = 10^9 (datasheets), likewise M/MiB/MB and T/TiB/TB. At least 1 byte (0 means "not given")
+ * and below 10^18. */
 static int parse_size(const char *s, const char *opt, uint64_t *out, fs_err *e)
 {
-    char *end;
-    errno = 0;
-    const double v = strtod(s, &end);
     static const struct { const char *u; double f; } units[] = {
         {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"M", 1048576.0}, {"MiB", 1048576.0},
         {"MB", 1e6}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
-    if (end != s && isdigit((unsigned char)s[0]) && errno == 0 && v > 0)
+    char shown[96];
+    const char *p = s;
+    while (isdigit((unsigned char)*p)) p++;
+    const char *int_end = p;
+    if (*p == '.') {
+        p++;
+        const char *frac = p;
+        while (isdigit((unsigned char)*p)) p++;
+        if (p == frac) p = s; /* "1." : not a decimal number */
+    }
+    if (int_end != s && p != s && strlen(s) < 64) {
+        char num[64];
+        snprintf(num, sizeof num, "%.*s", (int)(p - s), s);
+        const double v = strtod(num, NULL);
         for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-            if (!strcmp(end, units[i].u) && v * units[i].f < 1e18) {
-                *out = (uint64_t)(v * units[i].f);
+            if (!strcmp(p, units[i].u)) {
+                const double bytes = v * units[i].f;
+                if (bytes < 1)
+                    return fs_errf(e, FS_E_INPUT, "%s: '%s' is less than one byte: a device's memory is a positive size",
+                                   opt, fs_printable(s, shown, sizeof shown, 64));
+                if (bytes >= 1e18)
+                    return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a plausible device memory (at most 10^18 bytes)", opt,
+                                   fs_printable(s, shown, sizeof shown, 64));
+                *out = (uint64_t)bytes;
                 return FS_OK;
             }
-    return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a size such as 80G, 24GiB, 16GB or 512M", opt, s);
+    }
+    return fs_errf(e, FS_E_INPUT, "%s: '%s' is not a size such as 80G, 24GiB, 16GB or 512M (decimal digits and a unit)",
+                   opt, fs_printable(s, shown, sizeof shown, 64));
 }
 
 /* --grid HxW: two positive integers and nothing else; the product is computed in 64 bits and
@@ -228,6 +253,11 @@ bad:
     return fs_errf(e, FS_E_INPUT, "--grid: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", s);
 }
 
+/* --clean PATH... (main runs it instead of a job) */
+#define MAX_CLEAN 64
+static const char *clean_paths[MAX_CLEAN];
+static int n_clean;
+
 /* --guidance: diffusers scales it by 1000 and feeds it to a float32 sinusoid; beyond 1e4 the
  * argument (1e7) has no fractional bits left in float32 and the embedding is noise. FLUX.1-dev
  * uses 3.5. */
@@ -238,7 +268,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -260,6 +290,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"stream", required_argument, 0, O_STREAM},   {"no-stream", no_argument, 0, O_NO_STREAM},
         {"dump-modules", required_argument, 0, O_DUMP_MODULES}, {"dump-steps", required_argument, 0, O_DUMP_STEPS},
         {"estimate", no_argument, 0, O_ESTIMATE},     {"device-mem", required_argument, 0, O_DEVMEM},
+        {"clean", required_argument, 0, O_CLEAN},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -373,6 +404,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         }
         case O_ESTIMATE: o->estimate = 1; break;
         case O_DEVMEM: rc = parse_size(optarg, "--device-mem", &o->device_mem, e); break;
+        case O_CLEAN:
+            if (!*optarg) rc = fs_errf(e, FS_E_INPUT, "--clean: empty path");
+            else if (n_clean == MAX_CLEAN) rc = fs_errf(e, FS_E_INPUT, "--clean: more than %d paths", MAX_CLEAN);
+            else clean_paths[n_clean++] = optarg;
+            break;
         case 'q': o->quiet = 1; break;
         case 'h': usage(stdout); return -1;
         case 'V': printf("flux-sim %s\n", FLUX_SIM_VERSION); return -1;
@@ -460,7 +496,7 @@ static int estimate_main(const opts *o, fs_err *e)
         printf("      %-32s%10s (%s, before the parallel run)\n",
                e0.truth_ref_bytes ? "its single-rank runs alone" : "its single-rank run alone", BY(13, e0.check_run_bytes),
                e0.truth_ref_bytes ? "the reference, then the matched float64 truth" : "the reference");
-    const uint64_t here = e0.rank_bytes + (uint64_t)(n - 1) * e1.rank_bytes, mem = fs_estimate_mem_limit(what, sizeof what);
+    const uint64_t here = est.here_bytes, mem = fs_estimate_mem_limit(what, sizeof what);
     printf("  fits here: %s (%d rank%s on this machine need %s; %s %s)\n", !mem || here <= mem ? "yes" : "NO", n,
            n > 1 ? "s" : "", BY(14, here), what, mem ? BY(15, mem) : "unknown");
     if (o->device_mem)
@@ -484,6 +520,41 @@ static int estimate_main(const opts *o, fs_err *e)
     return FS_OK;
 }
 
+/* Standard output is checked like any file written (probe T5, T17): a closed pipe (SIGPIPE is
+ * ignored, so the write fails with EPIPE instead of killing the process and leaving the dump's
+ * temporary) or a full disk (/dev/full) is an error, exit 2, one line on stderr. Called after
+ * each group of lines, with errno cleared before the group: a failed write leaves its errno. */
+static int stdout_check(fs_err *e)
+{
+    int err = errno;
+    if (fflush(stdout) != 0) err = errno;
+    if (!ferror(stdout)) return FS_OK;
+    return fs_errf(e, FS_E_IO, "cannot write to standard output: %s", strerror(err ? err : EIO));
+}
+
+/* --clean PATH: what fs_dump_remove_stale finds, one line each on stdout. */
+static void clean_report(void *ctx, const char *tmp, int removed, const char *why)
+{
+    char shown[600];
+    int *found = ctx;
+    (*found)++;
+    printf("%s %s (%s)\n", removed ? "removed" : "kept", fs_printable(tmp, shown, sizeof shown, 500), why);
+}
+
+static int clean_main(fs_err *e)
+{
+    for (int i = 0; i < n_clean; i++) {
+        int found = 0;
+        char shown[600];
+        errno = 0;
+        if (fs_dump_remove_stale(clean_paths[i], clean_report, &found) < 0)
+            return fs_errf(e, FS_E_IO, "--clean %s: cannot read its directory: %s",
+                           fs_printable(clean_paths[i], shown, sizeof shown, 500), strerror(errno));
+        if (!found) printf("flux-sim --clean %s: no temporary found\n", fs_printable(clean_paths[i], shown, sizeof shown, 500));
+    }
+    return stdout_check(e);
+}
+
 /* One job: configure, run, print what it did, the --check verdict. */
 static int run(const opts *o, fs_err *e)
 {
@@ -492,6 +563,7 @@ static int run(const opts *o, fs_err *e)
     fs_job *job = NULL;
     int rc = fs_job_configure(&job, o, e);
     const fs_job_summary *s = job ? fs_job_get_summary(job) : NULL;
+    errno = 0;
     if (!rc && !quiet)
         printf("flux-sim %s: %d double + %d single blocks, %d heads x %d, %s on %s; weights: %s (%.2f s)\n"
                "  inputs: %s; batch %d, %d image + %d text tokens, %d steps\n"
@@ -500,8 +572,15 @@ static int run(const opts *o, fs_err *e)
                s->cfg.attention_head_dim, fs_dtype_name(s->dtype), s->backend, s->weights_src, s->t_load,
                s->inputs ? s->inputs : "generated", s->batch, s->s_img, s->s_txt, s->n_steps, s->world_size,
                s->world_size > 1 ? "s" : "", s->layout, s->tp > 1 ? "; TP plan: " : "", s->tp > 1 ? s->plan_source : "");
+    if (!rc) {
+        /* stdout gone before the run (a closed pipe, a full disk): stop now, every rank alike,
+         * and the job deletes what it created; a run whose report is lost is a failed run */
+        rc = fs_job_agree(world, quiet ? FS_OK : stdout_check(e), e);
+        if (rc) fs_job_cancel(job, rc);
+    }
     if (!rc) rc = fs_job_run(job, e);
     if (fs_job_must_abort(job)) end_job(world, e);
+    errno = 0;
     if ((rc == FS_OK || rc == FS_DIVERGED) && !quiet && s->t_reference >= 0)
         printf("  single-rank reference: %.3f s\n", s->t_reference);
     if ((rc == FS_OK || rc == FS_DIVERGED) && s->has_comm_stats) { /* every rank: its own counters */
@@ -524,6 +603,11 @@ static int run(const opts *o, fs_err *e)
     const char *report = fs_job_check_report(job);
     if (report) fputs(report, rc ? stderr : stdout);
     fs_job_free(job);
+    /* the run's files are published by now: the message says they are whole */
+    if ((rc == FS_OK || rc == FS_DIVERGED) && stdout_check(e)) {
+        if (o->dump || o->dump_per_rank) fs_err_prefix(e, "the run finished and its dumps are complete, but ");
+        rc = FS_E_IO;
+    }
     return rc;
 }
 
@@ -559,11 +643,26 @@ static void install_signal_handlers(int rank)
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* A rank started by mpirun dies with it: if the launcher is killed with SIGKILL (a batch system's
+ * time limit, `timeout -s KILL`) the kernel sends this rank SIGTERM, whose handler deletes the
+ * dump temporaries (probe T10: before, every rank's temporary stayed). Only under a launcher: a
+ * flux-sim started by a shell (nohup, a detached job) must outlive it. */
+static void die_with_launcher(void)
+{
+    if (!getenv("OMPI_COMM_WORLD_RANK") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) return;
+    const pid_t parent = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) == 0 && getppid() != parent) raise(SIGTERM); /* already gone */
+}
+
 int main(int argc, char **argv)
 {
     opts o;
     fs_err e = {0};
     setvbuf(stdout, NULL, _IOLBF, 0); /* a log sees each line when it is printed, not at exit */
+    /* a closed stdout pipe is a write error (stdout_check), never a silent death by SIGPIPE that
+     * leaves a dump temporary behind */
+    signal(SIGPIPE, SIG_IGN);
+    die_with_launcher();
     int rc = fs_comm_init(&argc, &argv, &e);
     if (rc) {
         fprintf(stderr, "flux-sim: error: %s\n", e.msg);
@@ -571,18 +670,28 @@ int main(int argc, char **argv)
     }
     const int root = fs_comm_world()->rank == 0;
     install_signal_handlers(fs_comm_world()->rank);
+    errno = 0;
     rc = parse_args(argc, argv, &o, &e);
     if (!rc && o.wait_rank == fs_comm_world()->rank) fs_debug_wait_for_debugger(o.wait_rank);
-    if (rc < 0) { /* --help / --version / --print-plan */
+    if (rc < 0) { /* --help / --version / --print-plan / --inject list */
+        rc = stdout_check(&e);
+        if (rc && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
         fs_comm_finalize();
-        return 0;
+        return rc ? 2 : 0;
     }
-    if (!rc) rc = o.estimate ? estimate_main(&o, &e) : run(&o, &e);
+    if (!rc && n_clean) rc = root ? clean_main(&e) : FS_OK;
+    else if (!rc && o.estimate) {
+        errno = 0;
+        if (!(rc = estimate_main(&o, &e))) rc = stdout_check(&e);
+    } else if (!rc) rc = run(&o, &e);
     /* the outcome is decided and every dump published or deleted: a SIGTERM from here on is
      * mpirun ending the stragglers because another rank already exited non-zero (a race in every
      * failed job) and must not add a second message */
     sig_quiet = 1;
-    if (rc && rc != FS_DIVERGED && root) fprintf(stderr, "flux-sim: error: %s\n", e.msg);
+    if (rc && rc != FS_DIVERGED && root) {
+        char shown[1200]; /* whatever a message quotes (an option's text, a file name) stays one line */
+        fprintf(stderr, "flux-sim: error: %s\n", fs_printable(e.msg, shown, sizeof shown, sizeof e.msg));
+    }
     fs_comm_finalize();
     return rc == FS_OK ? 0 : rc == FS_DIVERGED ? 1 : 2;
 }

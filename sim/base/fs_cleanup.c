@@ -4,7 +4,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PATHS 64
+/* A rank registers its own temporaries, the --dump-per-rank directory and every other rank's
+ * per-rank temporary (fs_job): a job of up to ~1000 ranks. 1 MiB of zero pages until used. */
+#define MAX_PATHS 1024
 #define MAX_LEN 1024
 
 static char paths[MAX_PATHS][MAX_LEN];

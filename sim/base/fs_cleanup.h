@@ -6,7 +6,11 @@
  * handlers (SIGTERM/SIGINT/SIGHUP: what mpirun sends the ranks when a job is aborted or
  * interrupted) and before it ends a job with MPI_Abort. fs_cleanup_run is async-signal-safe
  * (unlink(2) and rmdir(2) only, no allocation): the registry is a fixed table. A directory
- * is removed after every file, if it is empty then. */
+ * is removed after every file, if it is empty then.
+ *
+ * What no handler can catch (SIGKILL, a power loss) leaves the temporary: its name carries the
+ * writer's pid and host (fs_dump.h), so the next run writing the same path, or `flux-sim --clean
+ * PATH`, removes it once that process is gone (fs_dump_remove_stale). */
 #ifndef FS_CLEANUP_H
 #define FS_CLEANUP_H
 

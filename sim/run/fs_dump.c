@@ -20,6 +20,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <hdf5.h>
 #include <libgen.h>
 #include <math.h>
@@ -63,7 +64,7 @@ struct fs_dump {
     int have_id;     /* dev/ino of the temporary, taken when it was created (fs_dump_abort) */
     dev_t dev;
     ino_t ino;
-    char modules_decl[512]; /* each step's recorded_modules ("all" unless fs_dump_set_recorded_modules) */
+    char modules_decl[FS_DUMP_DECL_MAX + 1]; /* each step's recorded_modules ("all" unless fs_dump_set_recorded_modules) */
     char **order;    /* dataset names of the open step, in recording order */
     int n_order, cap_order;
     const fs_group *g; /* parallel HDF5 over g, or NULL */
@@ -415,8 +416,152 @@ static const fs_tensor *input_tensor(const fs_inputs *in, int k)
 
 /* The one place a dump file is created. `fapl` decides the driver: default (sec2) for a serial
  * run; an MPI-IO fapl for the parallel writer to come. */
+/* This host's name as temporaries carry it: the first label of gethostname(), characters other
+ * than letters, digits, '-' and '_' as '_', at most FS_DUMP_HOST_MAX characters. A temporary
+ * names its writer (pid and host), so a later run or `flux-sim --clean` can tell a temporary
+ * whose writer was killed with SIGKILL (no handler ran) from one being written right now. */
+#define FS_DUMP_HOST_MAX 32
+static const char *host_token(char *buf, size_t n)
+{
+    char h[256] = "";
+    if (gethostname(h, sizeof h - 1) != 0 || !h[0]) snprintf(h, sizeof h, "localhost");
+    size_t o = 0;
+    for (size_t i = 0; h[i] && h[i] != '.' && o + 1 < n && o < FS_DUMP_HOST_MAX; i++) {
+        const char c = h[i];
+        buf[o++] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ? c : '_';
+    }
+    buf[o] = 0;
+    if (!o) snprintf(buf, n, "localhost");
+    return buf;
+}
+
+/* The temporary of `path` written by process `pid` on `host`: "<name>.tmp.<pid>.<host>" beside
+ * it. A long name is cut so that the temporary's name stays at most FS_DUMP_TMP_NAME_MAX
+ * characters: pid and host keep it unique, and the final name is the user's. A 250-character
+ * name failed with "File name too long" (probe #18: the suffix passed NAME_MAX), and Open MPI
+ * 4.1's MPI-IO aborts (a buffer overflow in its shared-file-pointer components, which build
+ * "<session dir>/<name>_cid-..." in a fixed buffer) on a parallel dump whose temporary's name is
+ * over ~210 characters. */
+static void tmp_name(const char *path, long pid, const char *host, char *out, size_t n)
+{
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ".tmp.%ld.%s", pid, host);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t keep = strlen(base);
+    if (keep + strlen(suffix) > FS_DUMP_TMP_NAME_MAX) keep = FS_DUMP_TMP_NAME_MAX - strlen(suffix);
+    snprintf(out, n, "%.*s%.*s%s", (int)(base - path), path, (int)keep, base, suffix);
+}
+
+/* Is process `pid` of this host still running? A zombie (killed, not yet reaped: PID 1 of a
+ * container often never reaps) is not. */
+static int pid_running(long pid)
+{
+    if (pid <= 0 || pid > 0x7fffffffL) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    char p[64], buf[512];
+    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 1; /* no /proc: trust kill(2) */
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    const char *rp = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces and parens */
+    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
+}
+
+/* "<anything>.tmp.<digits>.<host token>": *pid and host (a pointer into name) when it is. */
+static int parse_tmp(const char *name, long *pid, const char **host)
+{
+    const char *t = NULL;
+    for (const char *q = strstr(name, ".tmp."); q; q = strstr(q + 1, ".tmp.")) t = q;
+    if (!t || t == name) return 0;
+    const char *d = t + 5, *p = d;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == d || p - d > 10 || *p != '.' || !p[1]) return 0;
+    for (const char *h = p + 1; *h; h++)
+        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') || *h == '-' || *h == '_'))
+            return 0;
+    *pid = strtol(d, NULL, 10);
+    *host = p + 1;
+    return 1;
+}
+
+/* A file a dump writer leaves: empty (created by open(2), killed before HDF5 wrote) or an HDF5
+ * file (its signature at offset 0). Anything else is not ours to delete. */
+static int looks_like_dump_tmp(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    if (st.st_size == 0) return 1;
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char b[8];
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW), ok = 0;
+    if (fd >= 0) {
+        ok = read(fd, b, sizeof b) == (ssize_t)sizeof b && !memcmp(b, sig, sizeof sig);
+        close(fd);
+    }
+    return ok;
+}
+
+int fs_dump_remove_stale(const char *path, fs_dump_stale_fn fn, void *ctx)
+{
+    char host[64], dir[4096], full[8192], want[4096];
+    host_token(host, sizeof host);
+    struct stat st;
+    const int whole_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    int here = 0; /* a bare file name: the temporaries are named bare too */
+    if (whole_dir) snprintf(dir, sizeof dir, "%s", path);
+    else {
+        const char *slash = strrchr(path, '/');
+        if (!slash) here = 1, snprintf(dir, sizeof dir, ".");
+        else if (slash == path) snprintf(dir, sizeof dir, "/");
+        else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    }
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        long pid;
+        const char *h;
+        if (!parse_tmp(de->d_name, &pid, &h)) continue;
+        if (here) snprintf(full, sizeof full, "%s", de->d_name);
+        else snprintf(full, sizeof full, "%s/%s", dir, de->d_name);
+        if (!whole_dir) { /* exactly the temporary this path gets from that writer */
+            tmp_name(path, pid, h, want, sizeof want);
+            const char *wb = strrchr(want, '/');
+            if (strcmp(wb ? wb + 1 : want, de->d_name)) continue;
+        }
+        char why[160];
+        if (strcmp(h, host)) {
+            snprintf(why, sizeof why, "written on host %s: only a run there can tell whether its writer is alive", h);
+            if (fn) fn(ctx, full, 0, why);
+            continue;
+        }
+        if (pid == (long)getpid() || pid_running(pid)) {
+            snprintf(why, sizeof why, "its writer, process %ld, is running", pid);
+            if (fn) fn(ctx, full, 0, why);
+            continue;
+        }
+        if (!looks_like_dump_tmp(full)) {
+            if (fn) fn(ctx, full, 0, "not an HDF5 file: left alone");
+            continue;
+        }
+        if (unlink(full) == 0) {
+            removed++;
+            snprintf(why, sizeof why, "its writer, process %ld, is gone", pid);
+            if (fn) fn(ctx, full, 1, why);
+        } else if (errno != ENOENT) {
+            snprintf(why, sizeof why, "cannot remove it: %s", strerror(errno));
+            if (fn) fn(ctx, full, 0, why);
+        }
+    }
+    closedir(dp);
+    return removed;
+}
+
 static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg, fs_dtype dt, const char *producer,
-                            hid_t fapl, const fs_group *g, long pid, fs_err *e)
+                            hid_t fapl, const fs_group *g, long pid, const char *host, fs_err *e)
 {
     char cause[256];
     *dp = NULL;
@@ -430,7 +575,7 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
     d->cfg = *cfg;
     d->dt = dt;
     d->deflate = FS_DUMP_DEFLATE_LEVEL;
-    size_t n = strlen(path) + 32;
+    size_t n = strlen(path) + 96;
     d->path = strdup(path);
     d->tmp = malloc(n);
     if (!d->path || !d->tmp) {
@@ -439,18 +584,7 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
         free(d);
         return fs_errf(e, FS_E_NOMEM, "%s: out of memory", path);
     }
-    /* "<name>.tmp.<pid>" beside the target. A long name is cut so that the temporary's name stays
-     * at most FS_DUMP_TMP_NAME_MAX characters: the pid keeps it unique, and the final name is the
-     * user's. A 250-character name failed with "File name too long" (probe #18: the suffix passed
-     * NAME_MAX), and Open MPI 4.1's MPI-IO aborts (a buffer overflow in its shared-file-pointer
-     * components, which build "<session dir>/<name>_cid-..." in a fixed buffer) on a parallel
-     * dump whose temporary's name is over ~210 characters. */
-    char suffix[32];
-    snprintf(suffix, sizeof suffix, ".tmp.%ld", pid);
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    size_t keep = strlen(base);
-    if (keep + strlen(suffix) > FS_DUMP_TMP_NAME_MAX) keep = FS_DUMP_TMP_NAME_MAX - strlen(suffix);
-    snprintf(d->tmp, n, "%.*s%.*s%s", (int)(base - path), path, (int)keep, base, suffix);
+    tmp_name(path, pid, host, d->tmp, n);
     d->g = g;
 
     /* A directory at the final path would only fail at the rename, after the whole run. */
@@ -469,6 +603,9 @@ static int dump_create_fapl(fs_dump **dp, const char *path, const fs_config *cfg
     int ok = 1, fd = -1;
     char why[256] = "";
     if (!g || g->rank == 0) {
+        /* temporaries of this path whose writer was killed with SIGKILL (no handler ran) and is
+         * gone from this host: removed by the next run that writes the path */
+        fs_dump_remove_stale(path, NULL, NULL);
         fd = open(d->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
         if (fd < 0) {
             ok = 0;
@@ -544,7 +681,8 @@ int fs_dump_create(fs_dump **d, const char *path, const fs_config *cfg, fs_dtype
         *d = NULL;
         return fs_errf(e, FS_E_INTERNAL, "%s: cannot set up HDF5: %s", path, h5_cause(cause));
     }
-    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, NULL, (long)getpid(), e);
+    char host[64];
+    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, NULL, (long)getpid(), host_token(host, sizeof host), e);
     H5Pclose(fapl);
     return rc;
 }
@@ -553,8 +691,11 @@ int fs_dump_create_parallel(fs_dump **d, const char *path, const fs_group *g, co
                             const char *producer, fs_err *e)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    long pid = (long)getpid(); /* the temporary name is rank 0's */
+    long pid = (long)getpid(); /* the temporary name is rank 0's: its pid and host */
+    char host[64];
+    host_token(host, sizeof host);
     fs_bcast(g, 0, &pid, sizeof pid);
+    fs_bcast(g, 0, host, sizeof host);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0 || fs_comm_set_fapl_mpio(g, fapl) < 0) {
         char cause[256];
@@ -562,7 +703,7 @@ int fs_dump_create_parallel(fs_dump **d, const char *path, const fs_group *g, co
         *d = NULL;
         return fs_errf(e, FS_E_INTERNAL, "%s: cannot set up parallel HDF5 (MPI-IO): %s", path, h5_cause(cause));
     }
-    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, g, pid, e);
+    int rc = dump_create_fapl(d, path, cfg, dt, producer, fapl, g, pid, host, e);
     H5Pclose(fapl);
     return rc;
 }

@@ -1,8 +1,12 @@
 /* fs_dump.h — flux-dump v1 (../shared/flux-dump.md, docs/dump-format.md) writer and input reader.
  *
- * Writing: the file is created as "<path>.tmp.<pid>" and renamed to <path> only by a successful
- * fs_dump_close, so a crash, a kill or an error never leaves a file that looks complete;
- * fs_dump_abort removes the temporary. Datasets are written in the run's dtype, in the order
+ * Writing: the file is created as "<path>.tmp.<pid>.<host>" (the writer's pid and short host
+ * name; a long file name is cut before ".tmp.") and renamed to <path> only by a successful
+ * fs_dump_close, so a crash, a kill or an error never leaves a file that looks complete (no
+ * `complete` attribute, and not at <path>); fs_dump_abort removes the temporary. A temporary
+ * whose writer died without running any handler (SIGKILL) is removed by the next dump of the
+ * same path on the same host (fs_dump_create calls fs_dump_remove_stale), or by `flux-sim
+ * --clean PATH`. Datasets are written in the run's dtype, in the order
  * they are recorded, and each step group gets its `order` attribute when it ends. */
 #ifndef FS_DUMP_H
 #define FS_DUMP_H
@@ -29,9 +33,11 @@ int fs_dump_set_attr_double(fs_dump *d, const char *name, double value, fs_err *
  * default), every dataset contiguous. Deflate costs ~25 s per GB and saves 10-20%. */
 int fs_dump_set_deflate(fs_dump *d, int level, fs_err *e);
 /* The `recorded_modules` attribute of every step group begun from now on: "all" (the default)
- * or a selection's declaration ("match:G1,G2", fs_select.h). */
+ * or a selection's declaration ("match:G1,G2", fs_select.h), at most FS_DUMP_DECL_MAX
+ * characters (fs_select_parse refuses a longer --dump-modules up front, naming the option). */
+#define FS_DUMP_DECL_MAX 511
 int fs_dump_set_recorded_modules(fs_dump *d, const char *decl, fs_err *e);
-/* "<path>.tmp.<pid>": where the data goes until fs_dump_close (for messages and tests). */
+/* "<path>.tmp.<pid>.<host>": where the data goes until fs_dump_close (for messages and tests). */
 const char *fs_dump_tmp_path(const fs_dump *d);
 int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e);
 /* Opens group /step_%04d with attributes timestep, sigma, sigma_next. */
@@ -75,6 +81,15 @@ int fs_dump_publish(fs_dump *d, fs_err *e);
 void fs_dump_abort(fs_dump *d);
 /* A recorder whose fn writes into the current step (fs_dump_record). */
 fs_recorder fs_dump_recorder(fs_dump *d);
+
+/* Temporaries a killed writer left (SIGKILL runs no handler): `path` a dump's final path (its
+ * temporaries only, whatever pid wrote them), or an existing directory (every dump temporary in
+ * it: a --dump-per-rank directory). A temporary is removed when it was written on this host
+ * (the host in its name), its writer's pid is not running here (a zombie counts as gone), and it
+ * is empty or an HDF5 file; fn (may be NULL) hears of every temporary found, removed or kept
+ * and why. Returns the number removed, -1 (errno) when the directory cannot be read. */
+typedef void (*fs_dump_stale_fn)(void *ctx, const char *tmp, int removed, const char *why);
+int fs_dump_remove_stale(const char *path, fs_dump_stale_fn fn, void *ctx);
 
 /* Reads the `config` root attribute and the /inputs group of any flux-dump (ours, or one written
  * by h5py from PyTorch). Inputs are converted to dtype `dt` (ids, guidance, sigmas, timesteps

@@ -57,6 +57,9 @@ struct fs_job {
     fs_select sel;
     fs_select_filter fsink, fref;
     int made_dpr_dir;   /* this rank created the --dump-per-rank directory */
+    char *peer_tmp;     /* [n_peer_tmp][PEER_TMP_MAX] the other ranks' per-rank temporaries, registered
+                           for deletion while this rank runs ("" where not registered) */
+    int n_peer_tmp;
     fs_progress prog;   /* rank 0's progress lines on stderr; every rank times its steps */
     char decl_modules[600], decl_steps[300];
     int tp, uly, ring;
@@ -275,6 +278,25 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     if (!rc && (cfg.num_attention_heads % tp || cfg.num_attention_heads / tp % uly))
         rc = fs_errf(e, FS_E_INPUT, "--estimate: %d heads do not divide over tp %d x ulysses %d",
                      cfg.num_attention_heads, tp, uly);
+    /* the run's own partition check (fs_par_set_seq: no rank without a token), so --estimate
+     * never describes a layout the run refuses. tp x ulysses divides the heads (<= 1024), so
+     * ulysses x ring fits an int; a degree above every token count flux-sim runs is refused
+     * before set_seq would size its tables by it. */
+    if (!rc) {
+        const int64_t sp = (int64_t)uly * ring;
+        if (sp > (int64_t)FS_MAX_IMG_TOKENS + FS_MAX_TXT_TOKENS)
+            rc = fs_errf(e, FS_E_INPUT, "ulysses %d x ring %d = %lld sequence-parallel ranks: more than the tokens of any "
+                                        "run flux-sim runs (%d image + %d text), so a rank would hold no token",
+                         uly, ring, (long long)sp, FS_MAX_IMG_TOKENS, FS_MAX_TXT_TOKENS);
+        else {
+            fs_par p;
+            memset(&p, 0, sizeof p);
+            p.sp = (int)sp;
+            p.inject = o->inject.mask ? &o->inject : NULL;
+            rc = fs_par_set_seq(&p, (int)St, (int)Si, e);
+            fs_par_free(&p);
+        }
+    }
     fs_estimate_req r0, r1;
     fs_estimate e0 = {0}, e1 = {0};
     if (!rc) {
@@ -302,6 +324,13 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     est->r1 = r1;
     est->e0 = e0;
     est->e1 = e1;
+    /* every rank of the layout on this machine, saturating like fs_estimate (a wrapped sum printed
+     * "need 6.6 EiB" for ~215 EiB, and could have wrapped below the limit) */
+    uint64_t others, here;
+    if (__builtin_mul_overflow((uint64_t)(n > 1 ? n - 1 : 0), e1.rank_bytes, &others) ||
+        __builtin_add_overflow(e0.rank_bytes, others, &here))
+        here = UINT64_MAX;
+    est->here_bytes = here;
     return rc;
 }
 
@@ -435,6 +464,31 @@ static int configure_weights(fs_job *j, fs_err *e)
     return rc;
 }
 
+/* Every rank learns the name of every rank's --dump-per-rank temporary as soon as it exists
+ * (each carries its own writer's pid, so no rank can compute another's): a rank killed with
+ * SIGKILL runs no handler, and mpirun then SIGTERMs the others, whose handlers delete the
+ * temporaries they know (fs_cleanup), the dead rank's included. Collective. */
+#define PEER_TMP_MAX 1024
+static void publish_peer_tmps(fs_job *j, const fs_group *world)
+{
+    char mine[PEER_TMP_MAX] = "";
+    const char *t = fs_dump_tmp_path(j->local);
+    if (t && strlen(t) < sizeof mine) snprintf(mine, sizeof mine, "%s", t);
+    j->peer_tmp = calloc((size_t)world->size, PEER_TMP_MAX);
+    if (fs_allreduce_max_int(world, j->peer_tmp == NULL)) { /* every rank skips it alike */
+        free(j->peer_tmp);
+        j->peer_tmp = NULL;
+        return;
+    }
+    fs_allgather_bytes(world, mine, PEER_TMP_MAX, j->peer_tmp);
+    j->n_peer_tmp = world->size;
+    for (int r = 0; r < world->size; r++) {
+        char *p = j->peer_tmp + (size_t)r * PEER_TMP_MAX;
+        p[PEER_TMP_MAX - 1] = 0;
+        if (r == world->rank || !*p || fs_cleanup_add(p)) *p = 0; /* own: fs_dump registered it */
+    }
+}
+
 static int configure_outputs(fs_job *j, fs_err *e)
 {
     const fs_job_opts *o = j->o;
@@ -471,6 +525,7 @@ static int configure_outputs(fs_job *j, fs_err *e)
                                rank removes it if the job fails, or is killed, and it is empty */
         j->made_dpr_dir = fs_allreduce_max_int(world, j->made_dpr_dir);
         if (j->made_dpr_dir) fs_cleanup_add(o->dump_per_rank);
+        publish_peer_tmps(j, world);
     }
     if (o->check) {
         fs_check_tol tol = fs_check_default_tol(j->dt);
@@ -642,6 +697,11 @@ const char *fs_job_check_report(const fs_job *j)
 
 int fs_job_must_abort(const fs_job *j) { return j && j->must_abort; }
 
+void fs_job_cancel(fs_job *j, int rc)
+{
+    if (j && rc) j->rc = rc;
+}
+
 const fs_job_summary *fs_job_get_summary(const fs_job *j) { return &j->sum; }
 
 void fs_job_free(fs_job *j)
@@ -652,6 +712,9 @@ void fs_job_free(fs_job *j)
     fs_dump_abort(j->local);
     /* a failed run leaves no --dump-per-rank directory it created (rmdir only removes it empty:
      * the other ranks' files, if any were published, keep it) */
+    for (int r = 0; r < j->n_peer_tmp; r++) /* published or deleted by their ranks by now */
+        if (j->peer_tmp[(size_t)r * PEER_TMP_MAX]) fs_cleanup_remove(j->peer_tmp + (size_t)r * PEER_TMP_MAX);
+    free(j->peer_tmp);
     if (j->made_dpr_dir) {
         fs_cleanup_remove(j->o->dump_per_rank);
         if (j->rc && j->rc != FS_DIVERGED) rmdir(j->o->dump_per_rank);

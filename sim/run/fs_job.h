@@ -78,6 +78,9 @@ int fs_job_run(fs_job *job, fs_err *e);
 /* --check's report on rank 0 after fs_job_run returned FS_OK or FS_DIVERGED; NULL otherwise. */
 const char *fs_job_check_report(const fs_job *job);
 int fs_job_must_abort(const fs_job *job);
+/* The caller stops a configured job without running it (its report channel failed): rc (an
+ * error) becomes the job's outcome, so fs_job_free deletes every dump and directory it made. */
+void fs_job_cancel(fs_job *job, int rc);
 const fs_job_summary *fs_job_get_summary(const fs_job *job);
 /* Safe on NULL and on a job whose configure failed. A job that did not finish deletes its dumps
  * and any --dump-per-rank directory it created. */
@@ -92,6 +95,8 @@ typedef struct fs_job_estimate {
     int64_t s_img, s_txt;
     fs_estimate_req r0, r1;
     fs_estimate e0, e1;
+    uint64_t here_bytes; /* every rank of the layout on this machine: e0 + (ranks-1) x e1, saturating
+                            at UINT64_MAX ("more than 16 EiB") */
 } fs_job_estimate;
 int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *e);
 

@@ -1,19 +1,35 @@
 /* fs_select.c — record selection (see fs_select.h). */
 #include "fs_select.h"
 
+#include "fs_dump.h" /* FS_DUMP_DECL_MAX */
+
 #include <stdio.h>
 #include <string.h>
 
+/* The option's text is the user's and may hold anything (a newline, an escape sequence): every
+ * message shows it through fs_printable, so it stays one line and cannot drive the terminal. */
 int fs_select_parse(fs_select *s, const char *modules, const char *steps, fs_err *e)
 {
-    char why[256];
+    char why[512], shown[700];
     memset(s, 0, sizeof *s);
     s->steps.all = 1;
     if (modules && fo_globs_parse(modules, &s->modules, why, sizeof why))
-        return fs_errf(e, FS_E_INPUT, "--dump-modules: %s", why);
+        return fs_errf(e, FS_E_INPUT, "--dump-modules: %s", fs_printable(why, shown, sizeof shown, 400));
+    if (modules) {
+        /* the dumps declare the selection in each step's `recorded_modules` (FS_DUMP_DECL_MAX):
+         * one limit, checked here, so the writer never refuses what the parser accepted */
+        char decl[FO_GLOBS_MAX * 260 + 16];
+        const size_t len = strlen(fs_select_modules_decl(s, decl, sizeof decl));
+        if (len > FS_DUMP_DECL_MAX) {
+            fo_globs_free(&s->modules);
+            return fs_errf(e, FS_E_INPUT, "--dump-modules: the selection declares as %zu characters ('match:' and the "
+                                          "globs joined by ','); a dump records at most %d: use fewer or shorter globs",
+                           len, FS_DUMP_DECL_MAX);
+        }
+    }
     if (steps && fo_steps_parse(steps, &s->steps, why, sizeof why)) {
         fo_globs_free(&s->modules);
-        return fs_errf(e, FS_E_INPUT, "--dump-steps: %s", why);
+        return fs_errf(e, FS_E_INPUT, "--dump-steps: %s", fs_printable(why, shown, sizeof shown, 400));
     }
     return FS_OK;
 }
@@ -67,10 +83,10 @@ static int filter_end(void *ctx, int step, fs_err *e)
     fs_select_filter *f = ctx;
     if (!fs_select_step(f->sel, step)) return FS_OK;
     if (f->rec.fn && f->sel && f->sel->modules.n && !f->matched) {
-        char g[300];
+        char g[FS_DUMP_DECL_MAX + 1], shown[400];
         return fs_errf(e, FS_E_INPUT, "--dump-modules %s: matches no module of this model (names as in a dump's `order`, "
                                       "e.g. 'single_transformer_blocks.0.*,proj_out')",
-                       fo_globs_str(&f->sel->modules, g, sizeof g));
+                       fs_printable(fo_globs_str(&f->sel->modules, g, sizeof g), shown, sizeof shown, 300));
     }
     return f->hooks.end_step ? f->hooks.end_step(f->hooks.ctx, step, e) : FS_OK;
 }
