@@ -25,8 +25,11 @@ with `flux-oracle diff`.
                 latents = scheduler.step(v, t, latents, return_dict=False)[0]
                 d.record("latents_out", latents)
         d.final(latents)
-    # leaving the `with` block normally marks the file complete (root attribute complete = 1);
-    # an exception inside it leaves the file without the marker: readers report it partial.
+    # leaving the `with` block normally marks the file complete (root attribute complete = 1)
+    # and renames it from its temporary (run.h5.tmp.<pid>.<host>) into place; an exception
+    # inside it leaves the file without the marker (readers report it partial), at run.h5 only
+    # if nothing was there: a previous dump is never replaced by a partial one. SIGKILL leaves
+    # only the temporary, removed by the next FluxDumper of the path or `flux-sim --clean`.
 
 Naming (the format's rules): a dataset per module output, named by its path in
 `model.named_modules()`; a tuple output stores element k as `name#k` (None elements skipped); a
@@ -59,6 +62,10 @@ says. Needs torch, h5py, numpy; diffusers is not imported here.
 import contextlib
 import hashlib
 import json
+import os
+import re
+import socket
+import sys
 
 import h5py
 import numpy as np
@@ -67,6 +74,68 @@ FORMAT_VERSION = 1
 CONFIG_KEYS = ["patch_size", "in_channels", "out_channels", "num_layers", "num_single_layers",
                "attention_head_dim", "num_attention_heads", "joint_attention_dim",
                "pooled_projection_dim", "guidance_embeds", "axes_dims_rope"]
+
+
+# The temporary the dump is written to until it is complete, named as flux-sim names its own
+# (sim/run/fs_dump.c): "<name>.tmp.<pid>.<host>" beside the final path, the name cut so that the
+# temporary's stays at most 128 characters. A writer killed with SIGKILL or SIGTERM leaves only
+# that, never a file at the final path; the next FluxDumper of the same path on this host, or
+# `flux-sim --clean PATH`, removes it once its process is gone.
+TMP_NAME_MAX = 128
+
+
+def _host_token():
+    h = (socket.gethostname() or "localhost").split(".")[0][:32]
+    h = re.sub(r"[^A-Za-z0-9_-]", "_", h)
+    return h or "localhost"
+
+
+def _tmp_name(path, pid, host):
+    d, base = os.path.split(path)
+    suffix = f".tmp.{pid}.{host}"
+    if len(base) + len(suffix) > TMP_NAME_MAX:
+        base = base[:TMP_NAME_MAX - len(suffix)]
+    return os.path.join(d, base + suffix)
+
+
+def _pid_running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        return st[st.rindex(")") + 2] not in "ZX"     # a zombie is gone
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def _remove_stale(path):
+    """Temporaries of `path` written on this host by a process that is gone."""
+    d = os.path.dirname(path) or "."
+    host = _host_token()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for n in names:
+        m = re.fullmatch(r"(.*)\.tmp\.([0-9]{1,10})\.([A-Za-z0-9_-]+)", n)
+        if not m or m.group(3) != host:
+            continue
+        pid = int(m.group(2))
+        full = os.path.join(d, n)
+        if os.path.basename(_tmp_name(path, pid, host)) != n or pid == os.getpid() or _pid_running(pid):
+            continue
+        try:
+            with open(full, "rb") as f:
+                head = f.read(8)
+            if head in (b"", b"\x89HDF\r\n\x1a\n"):
+                os.unlink(full)
+        except OSError:
+            pass
 
 
 def _to_numpy(t):
@@ -92,7 +161,10 @@ class FluxDumper:
         self.model = model
         self.modules = modules
         self.dedupe, self.compress = dedupe, compress
-        self.f = h5py.File(path, "w", track_order=True)
+        self.path = os.fspath(path)
+        _remove_stale(self.path)
+        self.tmp = _tmp_name(self.path, os.getpid(), _host_token())
+        self.f = h5py.File(self.tmp, "w", track_order=True)
         cfg = config if config is not None else getattr(model, "config", {})
         cfg = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
         if "axes_dims_rope" in cfg:
@@ -116,7 +188,12 @@ class FluxDumper:
         self._group = None
         self._handles = []
         self._seen = {}   # (dtype, shape, digest) -> dataset, across steps (pos_embed repeats)
+        self._forwards = 0  # calls of the model itself, recorded or not: a loop that stopped early
+        self._handles.append(model.register_forward_hook(self._count_forward))
         self._hook_all()
+
+    def _count_forward(self, module, inputs, output):
+        self._forwards += 1
 
     # ---- hooks ----
     def _hook_all(self):
@@ -168,6 +245,9 @@ class FluxDumper:
         """Store one tensor in the current step (e.g. latents_in / latents_out)."""
         if self._group is None:
             raise RuntimeError(f"record({name!r}) outside step()")
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            # HDF5 reads '/' as a path: 'evil/../../x' became nested groups
+            raise ValueError(f"record({name!r}): a dataset name is not empty, '.' or '..', and holds no '/'")
         if name in self._order_set:
             raise ValueError(f"{name} recorded twice in {self._group.name}")
         self._write(self._group, name, _to_numpy(tensor) if not isinstance(tensor, np.ndarray) else tensor)
@@ -240,6 +320,11 @@ class FluxDumper:
             if t is not None and i < len(t) and float(np.float64(t[i])) != self._passed_t[i]:
                 raise ValueError(f"/inputs/timesteps[{i}] = {float(t[i])!r} but step {i} passed "
                                  f"{self._passed_t[i]!r}: record the values actually passed")
+        if n is not None and done != list(range(n)) and self._forwards < n:
+            # steps were left out because the loop stopped (a break, an exception caught by the
+            # caller), not on purpose: a deliberate subset still runs the model at every step
+            raise RuntimeError(f"the model ran {self._forwards} time(s) for {n} steps: the loop stopped early "
+                               f"(steps recorded: {done}); the dump stays partial")
         rs = self.recorded_steps
         if rs is None and n is not None and done != list(range(n)):
             rs = ",".join(str(i) for i in done)      # a deliberate subset: say which
@@ -253,12 +338,38 @@ class FluxDumper:
             h.remove()
         self._handles = []
         if self.f:
+            complete = False
             try:
                 if ok:
                     self._finish()
+                    complete = True
             finally:
+                self.f.flush()
                 self.f.close()
                 self.f = None
+                self._publish(complete)
+
+    def _publish(self, complete):
+        """A complete dump replaces whatever is at the path (fsync'd first, then renamed). A
+        partial one (the run raised, or _finish refused) goes to the path only when nothing is
+        there, so a reader says why it is partial; a previous dump at the path is never
+        replaced by a partial one, which then stays at the temporary's name."""
+        if complete:
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.path)
+            return
+        try:
+            os.link(self.tmp, self.path)   # fails if something is there: never replaces it
+            os.unlink(self.tmp)
+        except FileExistsError:
+            print(f"torch_dump: the run did not finish; the dump already at {self.path} is kept, this run's "
+                  f"partial dump is {self.tmp}", file=sys.stderr)
+        except OSError:
+            pass
 
     def __enter__(self):
         return self
