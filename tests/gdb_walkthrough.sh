@@ -17,7 +17,7 @@ expect 'tensor [1, 35, 256] float32'
 expect 'single-rank reference (global layout):'
 expect 'tensor [1, 35, 256] float64'
 expect 'flux-sim: step 0, module transformer_blocks.0.attn.to_out.0'
-expect 'in linear (c='
+expect 'in fs_linear (c='
 expect 'name = '
 if grep -qF 'may-call-functions is off' <<<"$out"; then bad "a helper tried an inferior call"
 else ok "no helper called into the stopped process (may-call-functions off)"; fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/ab-forward.sh COMMIT [REPS]: the bench forward (FLUX.1-dev width, 1 double + 1 single
 # block, 1024 + 512 tokens, fp32) of COMMIT against this tree's, alternated in one process with
-# the sgemm pass, at 1 and 2 threads (tools/ab_forward.c). COMMIT's sim/model/fs_model.c and CPU
+# the sgemm pass, at 1 and 2 threads (tools/ab_forward.c). COMMIT's model code (fs_model.c, or fs_layers.c + fs_flux1.c) and CPU
 # backend (fs_backend_cpu.c + fs_kernels_cpu.inc) are compiled against this tree's headers with
 # their exported names renamed old_*, and linked with this tree's build/libfluxsim.a (`make`
 # first). So COMMIT must be close enough for that to compile (the same fs_model / fs_backend
@@ -17,7 +17,7 @@ mkdir -p "$T/old"
 # _f64.c). The quoted includes look beside each file first, so COMMIT's own .inc/.h are used.
 old() { git show "$c:sim/$1" 2>/dev/null || git show "$c:sim/$2/$1" 2>/dev/null; }
 srcs=()
-for p in "fs_model.c model" "fs_backend_cpu.c backend" "fs_kernels_cpu.inc backend" "fs_kernels_cpu.h backend" \
+for p in "fs_model.c model" "fs_layers.c model" "fs_flux1.c model" "fs_layers.h model" "fs_backend_cpu.c backend" "fs_kernels_cpu.inc backend" "fs_kernels_cpu.h backend" \
          "fs_kernels_cpu_f32.c backend" "fs_kernels_cpu_f64.c backend"; do
   set -- $p
   if old "$1" "$2" >"$T/old/$1"; then [ "${1##*.}" = c ] && srcs+=("$1"); else rm -f "$T/old/$1"; fi

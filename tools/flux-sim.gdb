@@ -11,7 +11,7 @@
 # ptrace cannot read, still goes through the inferior call (cuda-gdb handles it there).
 
 # --break-on-divergence calls fs_check_break (which raises SIGTRAP); stopping at its entry puts
-# `dv` (struct fs_divergence) in scope. `up 4` is then the layer itself (linear, qk_norm, ...).
+# `dv` (struct fs_divergence) in scope. `up 4` is then the layer itself (fs_linear, fs_qk_norm, ...).
 set breakpoint pending on
 break fs_check_break
 

@@ -12,7 +12,7 @@
  *    fail); ops never exit. Ops may run asynchronously on a GPU: results are visible to the host
  *    after download2d (which synchronises) or sync.
  *  - Tensors are contiguous row-major in the backend's memory; byte-addressed 2-D copies make
- *    strided slices. The caller (fs_model.c) checks shapes.
+ *    strided slices. The caller (fs_layers.c) checks shapes.
  *  - dtype contract (the same on every backend; docs/bf16.md): float64 computes in float64;
  *    float32 in float32 (LayerNorm/RMSNorm statistics accumulate in double on the CPU); bfloat16
  *    is 16-bit storage, each op computes in float32 and rounds its result to bfloat16 once

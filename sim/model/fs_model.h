@@ -3,7 +3,7 @@
  * fs_model_forward is the model's forward(): it takes one step's inputs and returns the
  * velocity prediction `proj_out`, calling the recorder with every module output that diffusers'
  * forward hooks would see (../shared/flux-spec.md §5), in hook firing order. One function per
- * diffusers module (fs_model.c), named after the module it implements. */
+ * diffusers module (fs_layers.c, fs_flux1.c), named after the module it implements. */
 #ifndef FS_MODEL_H
 #define FS_MODEL_H
 

@@ -47,7 +47,7 @@ const char *fs_tp_style_name(fs_tp_style s);
 /* ---- The TP split of one Linear: the ONE place the slicing arithmetic lives ----
  *
  * What TP rank t of T holds and computes of Linear `module` (weight [N, K], bias [N]) under the
- * plan. Weights (fs_weights_shard_of), linear() in fs_model.c, --check's sharding map and the
+ * plan. Weights (fs_weights_shard_of), fs_linear() in fs_layers.c, --check's sharding map and the
  * dump's `sharding` attribute all take their ranges from here. For the built-in plan and
  * FLUX.1-dev (D = 3072, T = 4, rank t):
  *   attn.to_q/to_k/to_v, add_*_proj, ff*.net.0.proj, proj_mlp   colwise   rows [t·N/4, (t+1)·N/4)
@@ -79,7 +79,7 @@ int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int
                    const fs_inject *inj, fs_tp_split *s, fs_err *e);
 /* fs_tp_split_of, and in *wrong what those injections change in the Linear's forward beyond its
  * split (all zero without them): the injection's own state, which the production split does
- * not carry. For the code that runs the forward (linear() in fs_model.c). */
+ * not carry. For the code that runs the forward (fs_linear() in fs_layers.c). */
 int fs_tp_split_of_injected(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T,
                             int t, const fs_inject *inj, fs_tp_split *s, fs_inject_linear *wrong, fs_err *e);
 /* Input features this rank's piece of the weight holds (sum of the column intervals). */

@@ -34,7 +34,7 @@ static int bad(fs_err *e, const char *op, const char *what)
     return fs_errf(e, FS_E_INTERNAL, "%s backend: %s: %s", FS_GPU_VENDOR, op, what);
 }
 
-/* Same dtype and element count (the ops' common precondition; fs_model.c checks shapes). */
+/* Same dtype and element count (the ops' common precondition; fs_layers.c checks shapes). */
 static int same(fs_err *e, const char *op, const fs_tensor *a, const fs_tensor *b)
 {
     if (a->dtype != b->dtype)
