@@ -41,7 +41,7 @@ B := build
 
 # ---- GPU backend (docs/gpu.md): `make GPU=cuda` or `make GPU=hip`; plain `make` has none.
 # One CUDA C++ source (sim/backend/gpu/*.cu) for both vendors; objects in build/gpu/, linked into
-# libfluxsim.a; sim/backend/fs_backend.c gets -DFS_WITH_GPU (and -DFS_GPU_HIP) to know the names.
+# libfluxsim.a; sim/backend/fs_backends.c (the registry) gets -DFS_WITH_GPU (and -DFS_GPU_HIP) to know the names.
 GPU ?=
 ifeq ($(GPU),cuda)
 CUDA_HOME ?= /usr/local/cuda
