@@ -123,7 +123,7 @@ fo_verdict fo_report_verdict(const fo_report *r, int strict, const char *file_a,
         const fo_names *l = r->undeclared_a.n ? &r->undeclared_a : &r->undeclared_b;
         int other = r->undeclared_a.n ? r->undeclared_b.n : 0;
         if (r->mode == FO_MODE_CONSISTENCY)
-            snprintf(why, n, "replicated %s is missing in some rank files%s", l->v[0],
+            snprintf(why, n, "replicated %s is missing in some rank files%s", FO_SHOW(l->v[0]),
                      l->n > 1 ? " (and more: see the report)" : "");
         else {
             char more[48] = "";
@@ -131,7 +131,7 @@ fo_verdict fo_report_verdict(const fo_report *r, int strict, const char *file_a,
             snprintf(why, n,
                      "%s lacks %s%s that %s holds, and declares no reason (recorded_steps, recorded_modules)%s; "
                      "narrow the comparison with --modules/--steps if that is intended",
-                     r->undeclared_a.n ? fb : fa, l->v[0], more, r->undeclared_a.n ? fa : fb,
+                     r->undeclared_a.n ? fb : fa, FO_SHOW(l->v[0]), more, r->undeclared_a.n ? fa : fb,
                      other ? "; names are missing on both sides" : "");
         }
         return FO_VERDICT_ERROR;
