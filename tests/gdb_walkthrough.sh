@@ -4,7 +4,14 @@
 # diverged, with its tensor, the reference and the assembled tensor printed.
 . "$(dirname "$0")/lib.sh"
 if ! command -v gdb >/dev/null; then skip_all "gdb not installed (tools/install-deps.sh installs it) — this test did NOT run"; fi
-out=$(bash tools/gdb-walkthrough.sh 2>&1)
+# each rank's gdb output in its own file (two processes' lines in one stream can interleave);
+# the report lines (mpirun's own and rank 0's stderr) come from the launcher's stream
+tmpdir gdbwt
+launcher=$(FLUX_WALKTHROUGH_OUT="$T/ranks" bash tools/gdb-walkthrough.sh 2>&1)
+out="$launcher"
+for r in 0 1; do
+  for f in "$T"/ranks/*/rank."$r"/stdout "$T"/ranks/*/rank."$r"/stderr; do [ -f "$f" ] && out+=$'\n'"$(cat "$f")"; done
+done
 expect() {
   if grep -qF -- "$1" <<<"$out"; then ok "$1"; else bad "missing: $1"; fi
 }

@@ -53,12 +53,17 @@ finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ] && exit 0; exit 
 skip_all() { skip "$@"; finish; }
 
 T=
+_lib_tmps=() # every folder tmpdir made: a test may call it more than once
 _lib_cleanup() {
   if declare -F test_cleanup >/dev/null; then test_cleanup; fi
-  if [ -n "$T" ]; then rm -rf "$T"; fi
+  local d
+  for d in "${_lib_tmps[@]}"; do rm -rf "$d"; done
 }
 trap _lib_cleanup EXIT
-tmpdir() { T=$(mktemp -d "/tmp/fluxsim-$1-XXXXXX") || { echo "FAIL cannot make a temporary folder"; exit 1; }; }
+tmpdir() {
+  T=$(mktemp -d "/tmp/fluxsim-$1-XXXXXX") || { echo "FAIL cannot make a temporary folder"; exit 1; }
+  _lib_tmps+=("$T")
+}
 
 mpirun_per_rank() {
   local dir=$1 np=$2 opts=(); shift 2

@@ -11,7 +11,11 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 # make sanitize: LeakSanitizer cannot work under ptrace (it aborts at exit); ASan and UBSan still do
 [ -n "${FLUX_SANITIZE:-}" ] && export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-timeout 300 mpirun --oversubscribe -np 2 \
+# FLUX_WALKTHROUGH_OUT=DIR: each rank's gdb output in its own file (Open MPI's --output-filename:
+# DIR/1/rank.N/stdout), so a test reads whole lines; by default both ranks print to the terminal.
+out_opt=()
+[ -n "${FLUX_WALKTHROUGH_OUT:-}" ] && out_opt=(--output-filename "$FLUX_WALKTHROUGH_OUT")
+timeout 300 mpirun --oversubscribe "${out_opt[@]}" -np 2 \
   gdb -q -batch -x tools/flux-sim.gdb -ex 'set may-call-functions off' \
       -ex run -ex fs-divergence -ex fs-where -ex "up 4" -ex "info args" \
       --args ${FLUX_BUILD:-build}/flux-sim --tp 2 --grid 5x7 --txt-len 13 --steps 2 --check -q \
