@@ -340,7 +340,13 @@ fail:
 /* Parameter i's piece `sh` (rows [r0, r1) and column intervals) into t, in dtype dt: a view into
  * the mapping when the bytes already are what the run computes with, in one aligned piece (a
  * colwise row range of an F32 tensor in an fp32 run, of a BF16 one in a bf16 run); otherwise
- * only those rows and columns decoded — never the whole tensor. */
+ * only those rows and columns decoded — never the whole tensor.
+ *
+ * A checkpoint truncated during the run (probe T1: SIGBUS, rc 135, the dump temporary left):
+ * decoded bytes are read with pread (fs_st_read), so a cut file is an ordinary error here; a
+ * view is handed out only after fs_st_check_size has seen the file at its full size (with
+ * streaming that is before every block), and a cut that lands while a GEMM reads a view is
+ * caught by fs_safetensors.c's SIGBUS guard (one line, temporaries removed, exit 2). */
 int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_split *sh, fs_dtype dt, fs_tensor *t,
                   fs_err *e)
 {
@@ -358,6 +364,8 @@ int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_
         if (sh->r0 < pc->dst_r0 || sh->r1 > pc->dst_r0 + pc->nrows) continue;
         const char *first = (const char *)en->data + (size_t)((pc->src_r0 + sh->r0 - pc->dst_r0) * K) * es;
         if ((uintptr_t)first % es) break;
+        int rc = fs_st_check_size(&l->a.files[en->file], e);
+        if (rc) return fs_err_prefix(e, "%s: tensor '%s': ", fs_st_archive_file_of(&l->a, en), en->name);
         memset(t, 0, sizeof *t);
         t->dtype = dt;
         t->ndim = d->ndim;
@@ -366,6 +374,7 @@ int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_
         t->data = (void *)first; /* PROT_READ mapping: a kernel writing a weight would fault */
         return FS_OK;
     }
+    const fs_st_file *f = &l->a.files[en->file];
     int rc = fs_tensor_alloc(t, dt, d->ndim, shape, e);
     if (rc) return rc;
     for (int k = 0; k < pl->np; k++) {
@@ -376,13 +385,13 @@ int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_
         const int64_t src_row = pc->src_r0 + lo - pc->dst_r0;
         char *dst = (char *)t->data + (size_t)((lo - sh->r0) * cols) * es;
         if (whole_cols) { /* a contiguous block of rows */
-            if ((rc = fs_st_decode(en, src_row * K, (hi - lo) * K, dt, dst, e))) break;
+            if ((rc = fs_st_read(f, en, src_row * K, (hi - lo) * K, dt, dst, e))) break;
             continue;
         }
         for (int64_t r = 0; r < hi - lo && !rc; r++)
             for (int c = 0, o = 0; c < sh->nc && !rc; c++) {
                 const int64_t len = sh->c[c][1] - sh->c[c][0];
-                rc = fs_st_decode(en, (src_row + r) * K + sh->c[c][0], len, dt, dst + (size_t)(r * cols + o) * es, e);
+                rc = fs_st_read(f, en, (src_row + r) * K + sh->c[c][0], len, dt, dst + (size_t)(r * cols + o) * es, e);
                 o += (int)len;
             }
     }
@@ -390,8 +399,7 @@ int fs_wload_make(const fs_wload *l, int i, const fs_param_desc *d, const fs_tp_
         fs_tensor_free(t);
         return fs_err_prefix(e, "%s: tensor '%s': ", fs_st_archive_file_of(&l->a, en), en->name);
     }
-    fs_wload_drop(l, i); /* decoded: the file's pages are not needed any more */
-    return FS_OK;
+    return FS_OK; /* read with pread: no page of the mapping was touched, nothing to drop */
 }
 
 /* Streaming reads the whole checkpoint once per step: without this, every page read stays mapped
