@@ -197,12 +197,12 @@ static void test_pinned_values(void **state)
 /* tools/fs_rng_ref.py (numpy, written from the definition in fs_rng.h) against this library, bit
  * for bit: normals at even and odd starts, large indices, extreme seeds; synthetic weights of the
  * three kinds. */
-static int python_has_numpy(void) { return system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
+static const char *numpy_python(void) { return test_python("numpy"); }
 
 static int64_t run_ref(const char *args, uint64_t *bits, int64_t max)
 {
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tools/fs_rng_ref.py %s", args);
+    snprintf(cmd, sizeof cmd, "%s tools/fs_rng_ref.py %s", numpy_python(), args);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     int64_t n = 0;
@@ -214,7 +214,7 @@ static int64_t run_ref(const char *args, uint64_t *bits, int64_t max)
 static void test_python_reference(void **state)
 {
     (void)state;
-    if (!python_has_numpy()) FS_SKIP_LOUDLY("/usr/bin/python3 with numpy not found (tools/install-deps.sh installs it)");
+    if (!numpy_python()) FS_SKIP_LOUDLY("no python3 with numpy (tools/install-deps.sh installs it)");
     static const struct {
         uint64_t seed;
         const char *name;

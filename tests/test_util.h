@@ -26,6 +26,26 @@ static inline const char *fs_test_reference_dir(void)
 }
 
 /* Skip the current test, saying so on stderr in a way nobody can mistake for a pass. */
+/* The Python interpreter a test runs for a cross-check: $PYTHON, else the first of `python3` on
+ * PATH and /usr/bin/python3 that imports `modules` (e.g. "h5py" or "numpy, h5py"); NULL when none
+ * does (the caller skips loudly). The one on PATH may be a pyenv shim without the packages. */
+static inline const char *test_python(const char *modules)
+{
+    static char found[256];
+    const char *env = getenv("PYTHON");
+    const char *cands[] = {env && *env ? env : NULL, "python3", "/usr/bin/python3"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        if (!cands[i]) continue;
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s -c 'import %s' >/dev/null 2>&1", cands[i], modules);
+        if (system(cmd) == 0) {
+            snprintf(found, sizeof found, "%s", cands[i]);
+            return found;
+        }
+    }
+    return NULL;
+}
+
 #define FS_SKIP_LOUDLY(why)                                                                  \
     do {                                                                                     \
         fprintf(stderr, "\n*** SKIPPED %s: %s — this test did NOT run ***\n\n", __func__, why); \
