@@ -100,7 +100,9 @@ else bad "the CLI reference names options neither CLI has: $x"; fi
 
 # environment variables: what the programs read is documented; what is documented is used
 grep -rhoE '(getenv|env_int)\("[A-Z_][A-Z0-9_]*"' sim oracle | grep -oE '"[A-Z0-9_]+"' | tr -d '"' | sort -u >"$T/env.code"
-grep -oE '\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b' "$T/section" | sort -u >"$T/env.readme"
+# names with an underscore (FLUX_SIM_BACKEND, NO_COLOR), or any capitalised name in backquotes
+# (`TERM`): a plain word in capitals in the prose is not an environment variable
+{ grep -oE '\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b' "$T/section"; grep -oE '`[A-Z][A-Z0-9_]*`' "$T/section" | tr -d '`'; } | sort -u >"$T/env.readme"
 x=$(only_in "$T/env.code" "$T/env.readme")
 if [ -z "$x" ]; then ok "README names all $(wc -l <"$T/env.code") environment variables sim/ and oracle/ read"
 else bad "environment variables read by sim/ or oracle/, not in README's CLI reference: $x"; fi
