@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +15,21 @@ static int is_dir(const char *p)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static int is_file(const char *p)
+/* Is anything at p (a file, a directory, a FIFO, a symlink even dangling or looping)? Optional
+ * files (model_index.json, config.json, scheduler_config.json) that are present but not a
+ * regular file are errors (probe T8: a dangling symlink from a broken Hugging Face cache was
+ * silently "absent", and the default schedule or config used instead). */
+static int present(const char *p)
 {
     struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    return lstat(p, &st) == 0;
+}
+
+/* 1 present and a regular file, 0 absent, -1 present but not usable (error in *e) */
+static int optional_file(const char *p, const char *what, fs_err *e)
+{
+    if (!present(p)) return 0;
+    return fs_require_regular_file(p, what, e) ? -1 : 1;
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -57,34 +69,14 @@ static int holds_weights(const char *dir)
     return found;
 }
 
+/* A small JSON file: a regular file of at most 1 MiB, no NUL, read without blocking on a FIFO. */
 static int read_small(const char *path, const char *what, char **out, fs_err *e)
 {
-    *out = NULL;
-    struct stat st;
-    if (stat(path, &st) != 0) return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", path, what, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return fs_errf(e, FS_E_INPUT, "%s: is a directory, not a %s file", path, what);
-    if (!S_ISREG(st.st_mode)) return fs_errf(e, FS_E_INPUT, "%s: not a regular file (%s expected)", path, what);
-    if (st.st_size > (1 << 20))
-        return fs_errf(e, FS_E_INPUT, "%s: %lld bytes is not a plausible %s (at most 1 MiB)", path,
-                       (long long)st.st_size, what);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fs_errf(e, FS_E_INPUT, "%s: cannot open %s: %s", path, what, strerror(errno));
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        fclose(f);
-        return fs_errf(e, FS_E_NOMEM, "out of memory");
-    }
-    size_t got = fread(buf, 1, (size_t)st.st_size, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return fs_errf(e, FS_E_IO, "%s: read error", path);
-    }
-    buf[got] = 0;
-    *out = buf;
-    return FS_OK;
+    char p[320];
+    int rc = fs_read_text_file(path, what, "a JSON file flux-sim reads is at most", 1u << 20, out, e);
+    if (rc && strchr(path, '\n')) /* the message names the path raw: keep it one line */
+        fs_errf(e, rc, "%s: cannot read %s", fs_printable(path, p, sizeof p, 256), what);
+    return rc;
 }
 
 static cJSON *parse_json(const char *text, const char *path, fs_err *e)
@@ -92,7 +84,9 @@ static cJSON *parse_json(const char *text, const char *path, fs_err *e)
     const char *at = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &at, 1);
     if (!root) {
-        fs_errf(e, FS_E_INPUT, "%s: malformed JSON near '%.20s'", path, at && *at ? at : "(end of file)");
+        char x[96];
+        fs_errf(e, FS_E_INPUT, "%s: malformed JSON near '%s'", path,
+                at && *at ? fs_printable_n(at, strnlen(at, 20), x, sizeof x, 20) : "(end of file)");
         return NULL;
     }
     if (!cJSON_IsObject(root)) {
@@ -109,8 +103,11 @@ static int check_model_index(const char *root, fs_err *e)
 {
     char *path = join(root, "model_index.json"), *text = NULL;
     if (!path) return fs_errf(e, FS_E_NOMEM, "out of memory");
-    int rc = FS_OK;
-    if (!is_file(path)) goto out;
+    int rc = FS_OK, has = optional_file(path, "model_index.json", e);
+    if (has <= 0) {
+        rc = has < 0 ? FS_E_INPUT : FS_OK;
+        goto out;
+    }
     if ((rc = read_small(path, "model_index.json", &text, e))) goto out;
     cJSON *j = parse_json(text, path, e);
     if (!j) {
@@ -119,10 +116,12 @@ static int check_model_index(const char *root, fs_err *e)
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "transformer");
     const cJSON *cls = cJSON_IsArray(t) ? cJSON_GetArrayItem(t, 1) : NULL;
+    char cb[200];
     if (t && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel")))
         rc = fs_errf(e, FS_E_INPUT, "%s: \"transformer\" is %s, not [\"diffusers\", \"FluxTransformer2DModel\"]: not a "
                                     "FLUX.1 pipeline",
-                     path, cJSON_IsString(cls) ? cls->valuestring : "not a [library, class] pair");
+                     path, cJSON_IsString(cls) ? fs_printable(cls->valuestring, cb, sizeof cb, 100)
+                                               : "not a [library, class] pair");
     cJSON_Delete(j);
 out:
     free(text);
@@ -171,7 +170,9 @@ int fs_pipeline_resolve(fs_pipeline *p, const char *weights, fs_err *e)
         /* the pipeline root one level up, recognised by its model_index.json */
         up = wdir ? join(wdir, "..") : NULL;
         mi = up ? join(up, "model_index.json") : NULL;
-        if (mi && is_file(mi) && !(p->root = strdup(up))) {
+        /* only something named model_index.json makes DIR/.. a pipeline root; check_model_index
+         * then refuses it if it is not a regular file */
+        if (mi && present(mi) && !(p->root = strdup(up))) {
             rc = fs_errf(e, FS_E_NOMEM, "out of memory");
             goto out;
         }
@@ -185,8 +186,13 @@ int fs_pipeline_resolve(fs_pipeline *p, const char *weights, fs_err *e)
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
         goto out;
     }
-    if (is_file(cfg)) p->config = cfg;
+    int has = optional_file(cfg, "config.json", e);
+    if (has > 0) p->config = cfg;
     else free(cfg);
+    if (has < 0) {
+        rc = FS_E_INPUT;
+        goto out;
+    }
     if (p->root) {
         if ((rc = check_model_index(p->root, e))) goto out;
         char *sd = join(p->root, "scheduler"), *sc = sd ? join(sd, "scheduler_config.json") : NULL;
@@ -195,8 +201,13 @@ int fs_pipeline_resolve(fs_pipeline *p, const char *weights, fs_err *e)
             rc = fs_errf(e, FS_E_NOMEM, "out of memory");
             goto out;
         }
-        if (is_file(sc)) p->scheduler = sc;
+        int hs = optional_file(sc, "scheduler_config.json", e);
+        if (hs > 0) p->scheduler = sc;
         else free(sc);
+        if (hs < 0) {
+            rc = FS_E_INPUT;
+            goto out;
+        }
     }
 out:
     free(wdir);
@@ -216,8 +227,9 @@ int fs_pipeline_config_file(fs_config *c, const char *path, fs_err *e)
     if (!j) return FS_E_INPUT;
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "_class_name");
     if (cls && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel"))) {
+        char cb[200];
         rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FluxTransformer2DModel", path,
-                     cJSON_IsString(cls) ? cls->valuestring : "not a string");
+                     cJSON_IsString(cls) ? fs_printable(cls->valuestring, cb, sizeof cb, 100) : "not a string");
         cJSON_Delete(j);
         return rc;
     }
@@ -248,8 +260,8 @@ int fs_pipeline_load_config(fs_config *c, const char *arg, fs_err *e)
     char *a = join(arg, "config.json"), *t = join(arg, "transformer"), *b = t ? join(t, "config.json") : NULL;
     int rc;
     if (!a || !b) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
-    else if (is_file(a)) rc = fs_pipeline_config_file(c, a, e);
-    else if (is_file(b)) rc = fs_pipeline_config_file(c, b, e);
+    else if (present(a)) rc = fs_pipeline_config_file(c, a, e); /* refuses a FIFO, a directory... by name */
+    else if (present(b)) rc = fs_pipeline_config_file(c, b, e);
     else rc = fs_errf(e, FS_E_INPUT, "%s: directory holds neither config.json nor transformer/config.json", arg);
     free(a);
     free(t);
@@ -259,22 +271,30 @@ int fs_pipeline_load_config(fs_config *c, const char *arg, fs_err *e)
 
 /* ---- scheduler_config.json ---- */
 
-static int sched_number(const cJSON *j, const char *k, double *v, const char *path, fs_err *e)
+/* A number in [lo, hi] (finite: 1e999 parses as inf). The ranges are fs_pipeline.h's. */
+static int sched_number(const cJSON *j, const char *k, double lo, double hi, double *v, const char *path, fs_err *e)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, k);
     if (!it) return FS_OK;
     if (!cJSON_IsNumber(it)) return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' is not a number", path, k);
-    *v = it->valuedouble;
+    const double d = it->valuedouble;
+    if (!(d >= lo && d <= hi))
+        return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' = %g is outside [%g, %g] (FLUX.1 uses %s)", path, k, d, lo,
+                       hi, !strcmp(k, "shift") ? "1.0 (schnell) or 3.0 (dev)" : !strcmp(k, "base_shift") ? "0.5" : "1.15");
+    *v = d;
     return FS_OK;
 }
 
-static int sched_int(const cJSON *j, const char *k, int *v, const char *path, fs_err *e)
+/* An integer in [1, hi], tested as a double before any cast (a float->int cast out of range is
+ * undefined behaviour). */
+static int sched_int(const cJSON *j, const char *k, int hi, int *v, const char *path, fs_err *e)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, k);
     if (!it) return FS_OK;
-    if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble || it->valuedouble < 1)
-        return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' is not a positive integer", path, k);
-    *v = (int)it->valuedouble;
+    const double d = cJSON_IsNumber(it) ? it->valuedouble : 0;
+    if (!cJSON_IsNumber(it) || !(d >= 1 && d <= hi) || d != floor(d))
+        return fs_errf(e, FS_E_INPUT, "%s: scheduler key '%s' is not an integer in [1, %d]", path, k, hi);
+    *v = (int)d;
     return FS_OK;
 }
 
@@ -307,18 +327,19 @@ int fs_pipeline_sched_file(fs_sched_config *s, const char *path, fs_err *e)
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "_class_name");
     const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(j, "use_dynamic_shifting");
     int ntt = 1000;
+    char cb[200];
     if (cls && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FlowMatchEulerDiscreteScheduler")))
         rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FlowMatchEulerDiscreteScheduler", path,
-                     cJSON_IsString(cls) ? cls->valuestring : "not a string");
+                     cJSON_IsString(cls) ? fs_printable(cls->valuestring, cb, sizeof cb, 100) : "not a string");
     else if (dyn && !cJSON_IsBool(dyn))
         rc = fs_errf(e, FS_E_INPUT, "%s: scheduler key 'use_dynamic_shifting' is not a boolean", path);
     if (!rc) d.use_dynamic_shifting = dyn && cJSON_IsTrue(dyn);
-    if (!rc) rc = sched_number(j, "shift", &d.shift, path, e);
-    if (!rc) rc = sched_number(j, "base_shift", &d.base_shift, path, e);
-    if (!rc) rc = sched_number(j, "max_shift", &d.max_shift, path, e);
-    if (!rc) rc = sched_int(j, "base_image_seq_len", &d.base_image_seq_len, path, e);
-    if (!rc) rc = sched_int(j, "max_image_seq_len", &d.max_image_seq_len, path, e);
-    if (!rc) rc = sched_int(j, "num_train_timesteps", &ntt, path, e);
+    if (!rc) rc = sched_number(j, "shift", FS_SCHED_SHIFT_MIN, FS_SCHED_SHIFT_MAX, &d.shift, path, e);
+    if (!rc) rc = sched_number(j, "base_shift", -FS_SCHED_MU_MAX, FS_SCHED_MU_MAX, &d.base_shift, path, e);
+    if (!rc) rc = sched_number(j, "max_shift", -FS_SCHED_MU_MAX, FS_SCHED_MU_MAX, &d.max_shift, path, e);
+    if (!rc) rc = sched_int(j, "base_image_seq_len", FS_SCHED_SEQ_MAX, &d.base_image_seq_len, path, e);
+    if (!rc) rc = sched_int(j, "max_image_seq_len", FS_SCHED_SEQ_MAX, &d.max_image_seq_len, path, e);
+    if (!rc) rc = sched_int(j, "num_train_timesteps", 1 << 30, &ntt, path, e);
     if (!rc && ntt != 1000)
         rc = fs_errf(e, FS_E_INPUT, "%s: num_train_timesteps = %d; flux-sim's timesteps assume FLUX's 1000", path, ntt);
     static const char *const unsupported[] = {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
@@ -328,8 +349,20 @@ int fs_pipeline_sched_file(fs_sched_config *s, const char *path, fs_err *e)
     if (!rc && d.use_dynamic_shifting && d.max_image_seq_len == d.base_image_seq_len)
         rc = fs_errf(e, FS_E_INPUT, "%s: max_image_seq_len equals base_image_seq_len (%d): the dynamic shift is undefined",
                      path, d.base_image_seq_len);
-    if (!rc && !d.use_dynamic_shifting && !(d.shift > 0))
-        rc = fs_errf(e, FS_E_INPUT, "%s: shift = %g must be > 0", path, d.shift);
+    /* the dynamic shift extrapolates mu linearly in the image token count: its exp() must stay
+     * finite in float32 (FLT_MAX = e^88.7) for every grid up to FS_SCHED_MU_TOKENS tokens */
+    if (!rc && d.use_dynamic_shifting) {
+        const double m = (d.max_shift - d.base_shift) / (double)(d.max_image_seq_len - d.base_image_seq_len);
+        const double mu1 = d.base_shift + m * (1.0 - d.base_image_seq_len),
+                     mu2 = d.base_shift + m * ((double)FS_SCHED_MU_TOKENS - d.base_image_seq_len);
+        if (!(fabs(mu1) <= FS_SCHED_MU_EXTRAPOLATED && fabs(mu2) <= FS_SCHED_MU_EXTRAPOLATED))
+            rc = fs_errf(e, FS_E_INPUT,
+                         "%s: the dynamic shift (base_shift %g at %d tokens, max_shift %g at %d) reaches mu = %g at %s "
+                         "tokens; |mu| must stay <= %g (exp(mu) finite in float32) for grids of 1 to %d tokens",
+                         path, d.base_shift, d.base_image_seq_len, d.max_shift, d.max_image_seq_len,
+                         fabs(mu1) > fabs(mu2) ? mu1 : mu2, fabs(mu1) > fabs(mu2) ? "1" : "65536",
+                         FS_SCHED_MU_EXTRAPOLATED, FS_SCHED_MU_TOKENS);
+    }
     cJSON_Delete(j);
     if (!rc) *s = d;
     return rc;
