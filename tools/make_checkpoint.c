@@ -69,7 +69,15 @@ typedef struct prog {
     int quiet;
     double t0, last;
     int last_pct;
+    const char *banner; /* printed before the first progress line, or with "wrote": a run that
+                           fails before either prints its error line alone */
 } prog;
+
+static void print_banner(prog *p)
+{
+    if (p->banner && !p->quiet) fputs(p->banner, stderr);
+    p->banner = NULL;
+}
 
 /* A line per 5 % (or every 10 s) on stderr; cancels on SIGINT/SIGTERM. */
 static int progress(void *ctx, uint64_t done, uint64_t total)
@@ -81,6 +89,7 @@ static int progress(void *ctx, uint64_t done, uint64_t total)
     const int pct = (int)(100.0 * (double)done / (double)total);
     if (t - p->t0 < 2) return 0; /* small checkpoints: no progress lines */
     if (pct / 5 > p->last_pct / 5 || t - p->last > 10 || done == total) {
+        print_banner(p);
         const double rate = done / (t - p->t0 + 1e-9);
         fprintf(stderr, "make-checkpoint: %6.2f / %.2f GB (%3d%%), %.2f GB/s, %.0f s elapsed, ~%.0f s left\n", done / 1e9,
                 total / 1e9, pct, rate / 1e9, t - p->t0, (double)(total - done) / (rate + 1));
@@ -90,24 +99,49 @@ static int progress(void *ctx, uint64_t done, uint64_t total)
     return 0;
 }
 
-/* "10GB" = 10^10, "5GiB" = 5 * 2^30, "500MB", "123": Hugging Face's max_shard_size spelling. */
+/* "10GB" = 10^10, "5GiB" = 5 * 2^30, "500MB", "1.5GB", "123": Hugging Face's max_shard_size
+ * spelling, strictly: digits, an optional fraction, a unit; no sign, space, hex or exponent
+ * (probe T18: " 10GB" and "0x10" were accepted through strtod). */
 static int parse_size(const char *s, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0)) return -1;
+    const char *p = s;
+    if (*p < '0' || *p > '9') return -1;
+    while (*p >= '0' && *p <= '9') p++;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9') return -1;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    if (p - s > 30) return -1;
+    char num[32];
+    memcpy(num, s, (size_t)(p - s));
+    num[p - s] = 0;
+    const double v = strtod(num, NULL);
     static const struct { const char *u; double m; } units[] = {
         {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"KiB", 1024.0},
         {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
     for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-        if (!strcmp(end, units[i].u)) {
+        if (!strcmp(p, units[i].u)) {
             const double b = floor(v * units[i].m);
-            if (b < 1 || b > 1.8e19) return -1;
+            if (!(b >= 1) || b > 1.8e19) return -1;
             *out = (uint64_t)b;
             return 0;
         }
     return -1;
+}
+
+/* A decimal integer of digits only that fits 64 bits (probe T18: " -1" was 2^64-1 through strtoull) */
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (!*s) return -1;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -128,41 +162,40 @@ int main(int argc, char **argv)
     prog pg = {0};
     fs_err e = {0};
     int ch, rc = 0, verify = 0;
+    char pb[160];
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "qh", lo, NULL)) != -1 && !rc) {
         switch (ch) {
         case O_CONFIG: config = optarg; break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            s.seed = strtoull(optarg, &end, 0);
-            if (!*optarg || *end || optarg[0] == '-' || errno)
-                rc = fs_errf(&e, FS_E_INPUT, "--weights-seed: '%s' is not a non-negative integer", optarg);
+        case O_SEED:
+            if (parse_u64(optarg, &s.seed))
+                rc = fs_errf(&e, FS_E_INPUT, "--weights-seed: '%s' is not a decimal integer from 0 to 2^64-1",
+                             fs_printable(optarg, pb, sizeof pb, 100));
             break;
-        }
         case O_LAYOUT:
             if (!strcmp(optarg, "diffusers")) s.kind = FS_CKPT_DIFFUSERS;
             else if (!strcmp(optarg, "pipeline")) s.kind = FS_CKPT_PIPELINE;
             else if (!strcmp(optarg, "bfl")) s.kind = FS_CKPT_BFL;
-            else rc = fs_errf(&e, FS_E_INPUT, "--layout: '%s' is not diffusers, pipeline or bfl", optarg);
+            else rc = fs_errf(&e, FS_E_INPUT, "--layout: '%s' is not diffusers, pipeline or bfl", fs_printable(optarg, pb, sizeof pb, 100));
             break;
         case O_DTYPE:
             if (!strcmp(optarg, "bf16")) s.dtype = FS_ST_BF16;
             else if (!strcmp(optarg, "f16")) s.dtype = FS_ST_F16;
             else if (!strcmp(optarg, "f32")) s.dtype = FS_ST_F32;
-            else rc = fs_errf(&e, FS_E_INPUT, "--dtype: '%s' is not bf16, f16 or f32", optarg);
+            else rc = fs_errf(&e, FS_E_INPUT, "--dtype: '%s' is not bf16, f16 or f32", fs_printable(optarg, pb, sizeof pb, 100));
             break;
         case O_SHARD:
             if (parse_size(optarg, &s.max_shard_bytes))
                 rc = fs_errf(&e, FS_E_INPUT, "--max-shard-size: '%s' is not a size like 10GB, 5GiB, 500MB or a byte count",
-                             optarg);
+                             fs_printable(optarg, pb, sizeof pb, 100));
             break;
         case O_PREFIX: s.bfl_prefix = "model.diffusion_model."; break;
         case O_VERIFY: verify = 1; break;
         case 'q': pg.quiet = 1; break;
         case 'h': usage(stdout); return 0;
         default:
-            rc = fs_errf(&e, FS_E_INPUT, "unknown or incomplete option '%s' (see make-checkpoint --help)", argv[optind - 1]);
+            rc = fs_errf(&e, FS_E_INPUT, "unknown or incomplete option '%s' (see make-checkpoint --help)",
+                         fs_printable(argv[optind - 1], pb, sizeof pb, 100));
         }
     }
     if (!rc && optind + 1 != argc)
@@ -195,14 +228,22 @@ int main(int argc, char **argv)
                     (unsigned long long)s.seed, fs_st_dtype_name(s.dtype), now() - pg.t0);
         return 0;
     }
-    if (!pg.quiet)
-        fprintf(stderr, "make-checkpoint: %s, %d double + %d single blocks, seed %llu, %s, %s layout (RNG kernel: %s)\n", out,
-                s.cfg.num_layers, s.cfg.num_single_layers, (unsigned long long)s.seed, fs_st_dtype_name(s.dtype),
-                s.kind == FS_CKPT_BFL ? "BFL" : s.kind == FS_CKPT_PIPELINE ? "pipeline" : "diffusers", fs_rng_isa());
+    /* the checks first, so that an error is the only line (probe T18: the banner came first) */
+    if ((rc = fs_ckpt_check_out(&s, out, &e))) {
+        fprintf(stderr, "make-checkpoint: error: %s\n", e.msg);
+        return 2;
+    }
+    char banner[1024];
+    snprintf(banner, sizeof banner, "make-checkpoint: %s, %d double + %d single blocks, seed %llu, %s, %s layout (RNG kernel: %s)\n",
+             fs_printable(out, pb, sizeof pb, 120), s.cfg.num_layers, s.cfg.num_single_layers, (unsigned long long)s.seed,
+             fs_st_dtype_name(s.dtype), s.kind == FS_CKPT_BFL ? "BFL" : s.kind == FS_CKPT_PIPELINE ? "pipeline" : "diffusers",
+             fs_rng_isa());
+    pg.banner = banner;
     if ((rc = fs_ckpt_write(&s, out, &bytes, &e))) {
         fprintf(stderr, "make-checkpoint: error: %s\n", e.msg);
         return 2;
     }
+    print_banner(&pg);
     if (!pg.quiet)
         fprintf(stderr, "make-checkpoint: wrote %s: %.3f GB of tensor data in %.1f s\n", out, bytes / 1e9, now() - pg.t0);
     return 0;

@@ -262,6 +262,12 @@ static int write_safetensors(wctx *w, const int *shard_of, int shard, const char
             }
         }
     }
+    /* on disk before the checkpoint is published: after a crash or power loss, OUT must not
+     * exist with empty or short shards (probe T11) */
+    if (fsync(fd) != 0) {
+        rc = fs_errf(e, FS_E_IO, "%s: fsync failed: %s", path, strerror(errno));
+        goto out;
+    }
     if (close(fd) != 0) {
         fd = -1;
         rc = fs_errf(e, FS_E_IO, "%s: close failed: %s", path, strerror(errno));
@@ -281,6 +287,7 @@ static int write_text(const char *path, const char *text, fs_err *e)
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) return fs_errf(e, FS_E_IO, "%s: cannot create: %s", path, strerror(errno));
     int rc = write_all(fd, text, strlen(text), path, e);
+    if (!rc && fsync(fd) != 0) rc = fs_errf(e, FS_E_IO, "%s: fsync failed: %s", path, strerror(errno));
     if (close(fd) != 0 && !rc) rc = fs_errf(e, FS_E_IO, "%s: close failed: %s", path, strerror(errno));
     return rc;
 }
@@ -460,19 +467,104 @@ static mode_t current_umask(void)
     return m;
 }
 
-int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_written, fs_err *e)
+/* The directory OUT goes into ("." for a bare name; trailing slashes of OUT ignored), malloc'd. */
+static char *parent_dir(const char *out)
 {
-    if (bytes_written) *bytes_written = 0;
+    char *dir = strdup(out);
+    if (!dir) return NULL;
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, strlen(dir) + 1, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    return dir;
+}
+
+/* fsync a directory (its entries: the files just created in it, a rename into it) */
+static int fsync_dir(const char *dir, fs_err *e)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return fs_errf(e, FS_E_IO, "%s: cannot open directory to fsync: %s", dir, strerror(errno));
+    int rc = FS_OK;
+    /* EINVAL: a file system without directory fsync (some FUSE / network ones): nothing to do */
+    if (fsync(fd) != 0 && errno != EINVAL) rc = fs_errf(e, FS_E_IO, "%s: fsync failed: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+static int fsync_tree_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)ftw;
+    if (flag != FTW_D && flag != FTW_DP) return 0;
+    fs_err e;
+    return fsync_dir(p, &e) ? -1 : 0;
+}
+
+/* Moves the complete temporary `tmp` to `out` without ever replacing anything (probe T11: the
+ * lstat at the start and a plain rename at the end silently replaced a file, or an empty
+ * directory, created at OUT meanwhile). renameat2(RENAME_NOREPLACE) is atomic and fails with
+ * EEXIST; where the file system lacks it (EINVAL: some network and FUSE file systems), a file is
+ * published with link(2), which never replaces either, and a directory with a rename after a
+ * last lstat (the only racy case left, documented). Every file was fsynced when written; the
+ * temporary's directories are fsynced before, OUT's parent after the move. */
+static int publish(const char *tmp, const char *out, const char *dir, int is_file, fs_err *e)
+{
+    int rc = FS_OK;
+    if (!is_file && nftw(tmp, fsync_tree_one, 16, FTW_PHYS) != 0)
+        return fs_errf(e, FS_E_IO, "%s: cannot fsync the temporary's directories: %s", tmp, strerror(errno));
+    int r = renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_NOREPLACE);
+    if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {
+        struct stat st;
+        if (is_file) r = link(tmp, out) == 0 ? unlink(tmp), 0 : -1;
+        else if (lstat(out, &st) == 0) r = -1, errno = EEXIST;
+        else r = rename(tmp, out);
+    }
+    if (r != 0) {
+        const int err = errno;
+        if (err == EEXIST || err == ENOTEMPTY)
+            return fs_errf(e, FS_E_INPUT,
+                           "%s: appeared while make-checkpoint was writing; not replaced (make-checkpoint never "
+                           "overwrites)",
+                           out);
+        return fs_errf(e, FS_E_IO, "%s: cannot rename %s into place: %s", out, tmp, strerror(err));
+    }
+    if ((rc = fsync_dir(dir, e))) fs_err_prefix(e, "%s: written, but ", out);
+    return rc;
+}
+
+int fs_ckpt_check_out(const fs_ckpt_spec *s, const char *out, fs_err *e)
+{
+    if (!*out) return fs_errf(e, FS_E_INPUT, "the output path is empty (see make-checkpoint --help)");
+    char po[320];
+    fs_printable(out, po, sizeof po, 256);
     if (s->dtype != FS_ST_BF16 && s->dtype != FS_ST_F16 && s->dtype != FS_ST_F32)
-        return fs_errf(e, FS_E_INPUT, "%s: checkpoint dtype must be BF16, F16 or F32", out);
+        return fs_errf(e, FS_E_INPUT, "%s: checkpoint dtype must be BF16, F16 or F32", po);
     if ((s->kind == FS_CKPT_DIFFUSERS || s->kind == FS_CKPT_PIPELINE) && s->max_shard_bytes < 1)
-        return fs_errf(e, FS_E_INPUT, "%s: max shard size must be at least 1 byte", out);
+        return fs_errf(e, FS_E_INPUT, "%s: max shard size must be at least 1 byte", po);
     struct stat st;
     if (lstat(out, &st) == 0)
         return fs_errf(e, FS_E_INPUT, "%s: already exists; remove it or choose another path (make-checkpoint never "
                                       "overwrites)",
-                       out);
+                       po);
     int rc = fs_config_validate(&s->cfg, "config", e);
+    if (rc) return rc;
+    char *dir = parent_dir(out);
+    if (!dir) return fs_errf(e, FS_E_NOMEM, "out of memory");
+    const int there = stat(dir, &st) == 0, err = errno;
+    if (!there || !S_ISDIR(st.st_mode)) {
+        char pd[320];
+        rc = fs_errf(e, FS_E_INPUT, "%s: cannot use directory %s: %s", po, fs_printable(dir, pd, sizeof pd, 256),
+                     there ? "not a directory" : strerror(err));
+    }
+    free(dir);
+    return rc;
+}
+
+int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_written, fs_err *e)
+{
+    if (bytes_written) *bytes_written = 0;
+    int rc = fs_ckpt_check_out(s, out, e);
     if (rc) return rc;
 
     fs_ckpt_layout l;
@@ -481,16 +573,9 @@ int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_writte
     char *dir = NULL, *tmp = NULL, *sub = NULL, *p = NULL;
     w.f = malloc((size_t)w.cap * sizeof *w.f);
     w.o = malloc((size_t)w.cap * 2);
-    if (!w.f || !w.o || !(dir = strdup(out))) {
+    if (!w.f || !w.o || !(dir = parent_dir(out))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
         goto out;
-    }
-    /* the directory OUT goes into, for the space check and the temporary */
-    {
-        char *slash = strrchr(dir, '/');
-        if (!slash) snprintf(dir, strlen(dir) + 1, ".");
-        else if (slash == dir) dir[1] = 0;
-        else *slash = 0;
     }
     struct statvfs vfs;
     if (statvfs(dir, &vfs) != 0) {
@@ -543,7 +628,7 @@ int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_writte
             free(sch);
         }
     }
-    if (!rc && rename(tmp, out) != 0) rc = fs_errf(e, FS_E_IO, "%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+    if (!rc) rc = publish(tmp, out, dir, s->kind == FS_CKPT_BFL, e);
     if (!rc && bytes_written) *bytes_written = w.done;
 out:
     if (rc && tmp) {

@@ -84,6 +84,11 @@ typedef struct fs_ckpt_spec {
  * exist. On success *bytes_written (if non-NULL) is the tensor data written (the JSON files and
  * safetensors headers not counted). */
 int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_written, fs_err *e);
+/* The checks fs_ckpt_write makes before it writes anything (OUT not empty and absent, its
+ * directory there, the spec and config valid), for a caller that prints a banner only once they
+ * pass. The publication itself never replaces what appeared at OUT meanwhile
+ * (renameat2(RENAME_NOREPLACE)), and every file and directory is fsynced before it. */
+int fs_ckpt_check_out(const fs_ckpt_spec *s, const char *out, fs_err *e);
 
 /* Reads back a checkpoint at `path` (a file, transformer folder or pipeline folder, in either
  * naming; opened with the loader's reader, so every header and the index are validated) and
