@@ -7,36 +7,19 @@
 #include <ctype.h>
 #include <errno.h>
 #include <signal.h>
-#include <unistd.h>
 #include <getopt.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include <cjson/cJSON.h>
 
 #include "fs_job.h"
-#include "fs_check.h"
-#include "fs_cleanup.h"
-#include "fs_debug.h"
-#include "fs_comm.h"
-#include "fs_dump.h"
-#include "fs_estimate.h"
-#include "fs_gather.h"
-#include "fs_model.h"
-#include "fs_pipeline.h"
-#include "fs_sampler.h"
-#include "fs_progress.h"
-#include "fs_select.h"
 #include "fs_sink.h"
-#include "fo_diff.h"
-#include "fo_dump.h"
+#include "fs_debug.h"
+#include "fs_cleanup.h"
 
 #define FLUX_SIM_VERSION FS_VERSION
 
