@@ -330,7 +330,8 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         } else {
             o = put(m, o, sizeof m, "shrank", 8);
         }
-        o = put(m, o, sizeof m, " (truncated or rewritten while the run used it)\n", 64);
+        o = put(m, o, sizeof m, " (truncated or rewritten while the run used it)", 64);
+        if (o + 1 < sizeof m) m[o++] = '\n';
         fs_cleanup_run();
         ssize_t w = write(STDERR_FILENO, m, o);
         (void)w;
