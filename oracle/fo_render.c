@@ -332,10 +332,14 @@ void fo_html_report(FILE *f, const fo_report *r, const fo_render_ctx *o, const c
         if (en->kind == FO_SHAPE || en->kind == FO_EMPTY)
             fputs("<td>-</td><td class=\"n\">-</td><td>-</td><td>-</td><td>-</td><td>-</td>", f);
         else
-            fprintf(f, "<td>%.3e</td><td class=\"n\" title=\"%s\">%s</td><td>%.3e</td><td>%.3e</td><td>%.9f</td>"
+        {
+            fprintf(f, "<td>%.3e</td><td class=\"n\" title=\"", en->st.max_abs);
+            fo_xml_esc(f, en->where);
+            fprintf(f, "\">%s</td><td>%.3e</td><td>%.3e</td><td>%.9f</td>"
                        "<td>%lld/%lld | %lld/%lld</td>",
-                    en->st.max_abs, en->where, co, en->st.rel_l2, fo_stats_max_rel(&en->st), en->st.cosine,
+                    co, en->st.rel_l2, fo_stats_max_rel(&en->st), en->st.cosine,
                     (long long)en->st.nan_a, (long long)en->st.inf_a, (long long)en->st.nan_b, (long long)en->st.inf_b);
+        }
         fprintf(f, "<td>%s</td><td class=\"n\">%s</td></tr>\n", en->ranks ? fo_ranks_str(en->ranks, rk, sizeof rk) : "",
                 en->kind == FO_PASS ? "ok" : en->kind == FO_EMPTY ? "empty (0 elements)" : fo_kind_name(en->kind));
     }
@@ -373,7 +377,11 @@ static void junit_only(FILE *f, const fo_names *l, const fo_names *undeclared, c
         int und = 0;
         for (int k = 0; k < undeclared->n && !und; k++) und = !strcmp(undeclared->v[k], l->v[i]);
         fputs("  <testcase classname=\"", f);
-        if (slash) fprintf(f, "%.*s", (int)(slash - p), p);
+        if (slash) {
+            char *cls = strndup(p, (size_t)(slash - p));
+            fo_xml_esc(f, cls ? cls : "?");
+            free(cls);
+        }
         fputs("\" name=\"", f);
         fo_xml_esc(f, slash ? slash + 1 : p);
         fputs("\" time=\"0\">", f);
@@ -443,7 +451,9 @@ void fo_junit_report(FILE *f, const fo_report *r, const fo_render_ctx *o, const 
     for (int i = 0; i < r->n; i++) {
         const fo_entry *en = &r->v[i];
         char co[96], sa[160], sb[160];
-        fprintf(f, "  <testcase classname=\"%s\" name=\"", junit_class(en->group));
+        fputs("  <testcase classname=\"", f);
+        fo_xml_esc(f, junit_class(en->group));
+        fputs("\" name=\"", f);
         fo_xml_esc(f, en->name);
         fputs("\" time=\"0\">", f);
         if (en->kind == FO_EMPTY) {

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_common.h"
+
 #define MAX_LISTED 1000000 /* total steps a list may name: far above any sampler's step count */
 
 static int cmp_int(const void *a, const void *b)
@@ -69,8 +71,11 @@ int fo_steps_parse(const char *text, fo_steps *out, char *why, size_t n)
         }
         if (a < 0 || b < 0 || (*p && *p != ',')) {
             size_t len = strcspn(item, ",");
-            snprintf(why, n, "'%.*s' is not a step number or a range A-B (steps are 0..%d)", (int)(len > 40 ? 40 : len),
-                     item, FO_STEPS_MAX - 1);
+            /* the text comes from a file (recorded_steps) or the command line: escaped, so the
+             * message stays one line (found by fuzz_oracle_walk) */
+            char shown[200];
+            snprintf(why, n, "'%s' is not a step number or a range A-B (steps are 0..%d)",
+                     fs_printable_n(item, len, shown, sizeof shown, 40), FO_STEPS_MAX - 1);
             fo_steps_free(out);
             return -1;
         }
@@ -156,7 +161,8 @@ int fo_globs_parse(const char *text, fo_globs *out, char *why, size_t n)
         while (len && *p == ' ') p++, len--;
         while (len && p[len - 1] == ' ') len--;
         if (len > 255) {
-            snprintf(why, n, "glob '%.40s...' is longer than 255 characters", p);
+            char shown[200];
+            snprintf(why, n, "glob '%s...' is longer than 255 characters", fs_printable_n(p, 40, shown, sizeof shown, 40));
             fo_globs_free(out);
             return -1;
         }
@@ -180,7 +186,8 @@ int fo_globs_parse(const char *text, fo_globs *out, char *why, size_t n)
         if (*p == ',') p++;
     }
     if (!out->n) {
-        snprintf(why, n, "no glob in '%.60s'", text);
+        char shown[240];
+        snprintf(why, n, "no glob in '%s'", fs_printable(text, shown, sizeof shown, 60));
         return -1;
     }
     return 0;

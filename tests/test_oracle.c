@@ -10,6 +10,7 @@
 
 #include "fo_config.h"
 #include "fo_diff.h"
+#include "fo_render.h"
 #include "fo_walk.h"
 #include "fs_h5err.h"
 
@@ -794,6 +795,96 @@ static void test_diff_nonfinite_empty(void **state)
     fo_file_close(a), fo_file_close(z);
 }
 
+/* Reliability probe 3, T9: what the JUnit/HTML writers pass on must be XML 1.0 characters. */
+static char *xml_of(const char *in)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    fo_xml_esc(f, in);
+    fclose(f);
+    return buf;
+}
+
+static void test_xml_escape(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"a<b>&\"'", "a&lt;b&gt;&amp;&quot;&apos;"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"}, /* valid: kept */
+        {"x\xed\xa0\x80y", "x\\xED\\xA0\\x80y"},                   /* a surrogate */
+        {"x\xef\xbf\xbey", "x\\xEF\\xBF\\xBEy"},                   /* U+FFFE */
+        {"x\xef\xbf\xbfy", "x\\xEF\\xBF\\xBFy"},                   /* U+FFFF */
+        {"x\xe0\x80\xbcy", "x\\xE0\\x80\\xBCy"},                   /* overlong '<' */
+        {"x\xc0\xbcy", "x\\xC0\\xBCy"},                            /* overlong, 2 bytes */
+        {"x\xf4\x90\x80\x80y", "x\\xF4\\x90\\x80\\x80y"},           /* above U+10FFFF */
+        {"x\xf4\x8f\xbf\xbdy", "x\xf4\x8f\xbf\xbdy"},               /* U+10FFFD: valid */
+        {"a\x01" "b\x1b[31m\x7f", "a\\x01b\\x1B[31m\\x7F"},          /* controls, DEL */
+        {"x\xe2\x82", "x\\xE2\\x82"},                               /* cut at the end */
+        {"tab\tnl\n", "tab\tnl\n"},
+    };
+    for (size_t i = 0; i < FS_ARRAY_LEN(cases); i++) {
+        char *got = xml_of(cases[i].in);
+        if (strcmp(got, cases[i].out)) fail_msg("case %zu: '%s' -> '%s', want '%s'", i, cases[i].in, got, cases[i].out);
+        free(got);
+    }
+    uint32_t cp = 0;
+    assert_int_equal(fo_utf8_char((const unsigned char *)"\xed\x9f\xbf", 3, &cp), 3); /* U+D7FF */
+    assert_int_equal(cp, 0xd7ff);
+    assert_int_equal(fo_utf8_char((const unsigned char *)"\xee\x80\x80", 3, &cp), 3); /* U+E000 */
+    assert_int_equal(fo_utf8_char((const unsigned char *)"\xf0\x8f\xbf\xbf", 4, &cp), 0); /* overlong 4-byte */
+    assert_int_equal(fo_utf8_char((const unsigned char *)"\xf5\x80\x80\x80", 4, &cp), 0);
+    assert_int_equal(fo_utf8_char((const unsigned char *)"\x80", 1, &cp), 0);
+}
+
+/* T2: names have no length limit anywhere: paths are built whole, and a message shows a long
+ * name shortened visibly, so the cause after it survives fs_err's 1024 bytes. */
+static void test_long_names(void **state)
+{
+    (void)state;
+    size_t n = 65536;
+    char *name = malloc(n + 1);
+    assert_non_null(name);
+    memset(name, 'L', n);
+    name[n] = 0;
+    char *p = fo_path_join("/step_0000", name);
+    assert_non_null(p);
+    assert_int_equal(strlen(p), n + 11);
+    assert_memory_equal(p, "/step_0000/LLL", 14);
+    fs_err e;
+    fs_errf(&e, FS_E_INPUT, "f.h5: %s: the cause", FO_SHOW(p));
+    assert_non_null(strstr(e.msg, "...(65547 bytes): the cause"));
+    char lb[400];
+    fo_entry_label(0, "/step_0000", "a\x1b[31m\nb", lb, sizeof lb);
+    assert_string_equal(lb, "step 0 a\\x1B[31m\\nb");
+    free(p);
+    free(name);
+}
+
+/* fuzz_oracle_walk's finding: recorded_steps (or --steps / --modules) text echoed raw, so an
+ * attribute holding a newline or ESC made a two-line error that drives the terminal. */
+static void test_step_list_messages(void **state)
+{
+    (void)state;
+    fo_steps st = {0};
+    fo_globs g = {0};
+    char why[200];
+    assert_int_equal(fo_steps_parse("zza\x1b[31m\nb", &st, why, sizeof why), -1);
+    assert_null(strchr(why, '\n'));
+    assert_null(strchr(why, '\x1b'));
+    assert_non_null(strstr(why, "'zza\\x1B[31m\\nb' is not a step number"));
+    char longglob[300];
+    memset(longglob, 'a', sizeof longglob - 1);
+    longglob[0] = '\n', longglob[1] = '\x1b', longglob[sizeof longglob - 1] = 0;
+    assert_int_equal(fo_globs_parse(longglob, &g, why, sizeof why), -1);
+    assert_null(strchr(why, '\n'));
+    assert_null(strchr(why, '\x1b'));
+    fo_steps_free(&st), fo_globs_free(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -805,7 +896,8 @@ int main(void)
         cmocka_unit_test(test_h5_clean),          cmocka_unit_test(test_steps_parse),
         cmocka_unit_test(test_config_compare),    cmocka_unit_test(test_modules_promise),
         cmocka_unit_test(test_verdict_rule),      cmocka_unit_test(test_completeness),
-        cmocka_unit_test(test_diff_nonfinite_empty),
+        cmocka_unit_test(test_diff_nonfinite_empty), cmocka_unit_test(test_xml_escape),
+        cmocka_unit_test(test_long_names),        cmocka_unit_test(test_step_list_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
