@@ -70,6 +70,9 @@ import sys
 import h5py
 import numpy as np
 
+from . import sharding as _sh
+from ._parallel import _ParallelState
+
 FORMAT_VERSION = 1
 CONFIG_KEYS = ["patch_size", "in_channels", "out_channels", "num_layers", "num_single_layers",
                "attention_head_dim", "num_attention_heads", "joint_attention_dim",
@@ -154,14 +157,36 @@ def _dtype_name(model):
     return "float32"
 
 
+def pipeline_timesteps(timesteps, dtype, batch=None):
+    """What FluxPipeline passes to the transformer as `timestep` for each of `timesteps` (the
+    scheduler's t, 0..1000): `t.expand(B).to(latents.dtype)`, then `/ 1000` in that dtype. In bf16
+    that is bf16(bf16(t)/1000) (0.6171875 for t = 613.5), not bf16(t/1000) (0.61328125). Use it
+    both for /inputs/timesteps and for the value passed at each step (the dumper checks that they
+    agree). Returns a 1-D tensor of N values, or an [N, B] one with `batch=B`."""
+    import torch
+    t = torch.as_tensor(timesteps)
+    if batch is not None:
+        t = t.reshape(-1, 1).expand(-1, batch)
+    return t.to(dtype) / 1000
+
+
 class FluxDumper:
     def __init__(self, path, model, config=None, dtype=None, producer=None, modules=None,
                  recorded_modules="all", parallel=None, dedupe=True, compress=False, extra_attrs=None,
-                 recorded_steps=None):
+                 recorded_steps=None, rank=None, world=None, cp_config=None, cp_plan=None, gather_shapes=True):
         self.model = model
         self.modules = modules
         self.dedupe, self.compress = dedupe, compress
-        self.path = os.fspath(path)
+        self._par = _ParallelState(model, parallel, rank, world, cp_config, cp_plan, gather_shapes)
+        path = os.fspath(path)
+        if "{rank}" in path:          # one file per rank: "run/rank_{rank}.h5"
+            if self._par.rank is None:
+                raise ValueError(f"{path}: '{{rank}}' in the path, but the rank is unknown (no torch.distributed "
+                                 f"process group, no rank=)")
+            path = path.replace("{rank}", str(self._par.rank))
+            if os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.path = path
         _remove_stale(self.path)
         self.tmp = _tmp_name(self.path, os.getpid(), _host_token())
         self.f = h5py.File(self.tmp, "w", track_order=True)
@@ -176,7 +201,7 @@ class FluxDumper:
         a["dtype"] = dtype or _dtype_name(model)
         a["config"] = json.dumps(cfg)
         if parallel is not None:
-            a["parallel"] = json.dumps(parallel)
+            a["parallel"] = json.dumps(parallel)     # completed with the map after the first step
         for k, v in (extra_attrs or {}).items():
             a[k] = v
         self.recorded_modules = recorded_modules
@@ -189,11 +214,14 @@ class FluxDumper:
         self._handles = []
         self._seen = {}   # (dtype, shape, digest) -> dataset, across steps (pos_embed repeats)
         self._forwards = 0  # calls of the model itself, recorded or not: a loop that stopped early
+        self._forwards_outside = 0   # ... of which outside step(): the steps deliberately not recorded
         self._handles.append(model.register_forward_hook(self._count_forward))
         self._hook_all()
 
     def _count_forward(self, module, inputs, output):
         self._forwards += 1
+        if self._group is None:
+            self._forwards_outside += 1
 
     # ---- hooks ----
     def _hook_all(self):
@@ -213,18 +241,23 @@ class FluxDumper:
                 return
             k = self._calls.get(name, 0)
             self._calls[name] = k + 1
-            self._store(name if k == 0 else f"{name}@{k}", output)
+            self._store(name if k == 0 else f"{name}@{k}", output, getattr(module, _sh._ATTR, None))
         return hook
 
-    def _store(self, name, out):
+    def _store(self, name, out, decl=None):
         import torch
         if out is None:
             return
         if isinstance(out, torch.Tensor):
+            if _sh.is_dtensor(out):            # its placements say how it is distributed
+                self._par.note_dtensor(name, out)
+                out = out.to_local()
+            elif decl is not None:
+                self._par.note_declared(name, decl, tuple(out.shape))
             self.record(name, out)
         elif isinstance(out, (tuple, list)):
             for i, o in enumerate(out):
-                self._store(f"{name}#{i}", o)
+                self._store(f"{name}#{i}", o, decl)
         # other outputs (dataclasses such as Transformer2DModelOutput) are the root's: skipped
 
     # ---- writing ----
@@ -250,7 +283,12 @@ class FluxDumper:
             raise ValueError(f"record({name!r}): a dataset name is not empty, '.' or '..', and holds no '/'")
         if name in self._order_set:
             raise ValueError(f"{name} recorded twice in {self._group.name}")
-        self._write(self._group, name, _to_numpy(tensor) if not isinstance(tensor, np.ndarray) else tensor)
+        if not isinstance(tensor, np.ndarray) and _sh.is_dtensor(tensor):
+            self._par.note_dtensor(name, tensor)
+            tensor = tensor.to_local()
+        arr = _to_numpy(tensor) if not isinstance(tensor, np.ndarray) else tensor
+        self._write(self._group, name, arr)
+        self._par.note_shape(name, tuple(arr.shape))
         self._order.append(name)
         self._order_set.add(name)
 
@@ -285,6 +323,18 @@ class FluxDumper:
         self._steps_open -= 1
         self._steps_done.append(index)
         self._passed_t[index] = t
+        self._write_parallel()      # the map is known once a step ran (the first: with every rank)
+
+    def declare(self, name, entry):
+        """Set a dataset's sharding entry by hand ("replicated", {"dim": d, "ranges": ...}, or
+        "partial-sum"), overriding what the dumper worked out."""
+        self._par.declare(name, entry)
+
+    def _write_parallel(self):
+        if self.f and self._par.active:
+            js = self._par.json()
+            if js is not None and self.f.attrs.get("parallel") != js:
+                self.f.attrs["parallel"] = js
 
     def write_inputs(self, **tensors):
         """/inputs, stored as given. `sigmas` must be the scheduler's N+1 values (the final 0
@@ -301,6 +351,7 @@ class FluxDumper:
         for k, a in arrs.items():
             g.create_dataset(k, data=a)
             self._inputs[k] = a
+            self._par.note_input(k, tuple(a.shape))
 
     def final(self, latents):
         g = self.f.require_group("final")
@@ -320,11 +371,19 @@ class FluxDumper:
             if t is not None and i < len(t) and float(np.float64(t[i])) != self._passed_t[i]:
                 raise ValueError(f"/inputs/timesteps[{i}] = {float(t[i])!r} but step {i} passed "
                                  f"{self._passed_t[i]!r}: record the values actually passed")
-        if n is not None and done != list(range(n)) and self._forwards < n:
+        if n is not None and any(i < 0 or i >= n for i in done):
+            raise RuntimeError(f"steps {done} recorded, but /inputs/sigmas announces {n} steps (0..{n - 1})")
+        missing = n - len(done) if n is not None else 0
+        if missing > 0 and self._forwards_outside < missing:
             # steps were left out because the loop stopped (a break, an exception caught by the
-            # caller), not on purpose: a deliberate subset still runs the model at every step
-            raise RuntimeError(f"the model ran {self._forwards} time(s) for {n} steps: the loop stopped early "
-                               f"(steps recorded: {done}); the dump stays partial")
+            # caller), not on purpose: a deliberate subset still runs the model at every step it
+            # does not record, outside step(). Counted outside step() only, so that a run calling
+            # the model more than once per step (true CFG: twice) cannot make up for a step it
+            # never ran
+            raise RuntimeError(f"{missing} of {n} steps not recorded, but the model ran only {self._forwards_outside} "
+                               f"time(s) outside step(): the loop stopped early (steps recorded: {done}); the dump "
+                               f"stays partial")
+        self._write_parallel()
         rs = self.recorded_steps
         if rs is None and n is not None and done != list(range(n)):
             rs = ",".join(str(i) for i in done)      # a deliberate subset: say which

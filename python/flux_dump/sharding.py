@@ -1,0 +1,337 @@
+"""The `sharding` map of a per-rank flux-dump (../shared/flux-dump.md, "The `parallel` attribute"),
+worked out from what the parallel engine itself declares:
+
+- diffusers context parallelism: the model's `_cp_plan` and the ContextParallelConfig
+  (`cp_sharding`);
+- torch DTensor: an output's device mesh and placements (`dtensor_entry`, torch >= 2.0);
+- hand-written Megatron modules: declarations (`declare_shard`, `declare_partial`,
+  `declare_replicated`) the user puts on a module.
+
+An entry is what flux-sim's own writer puts in the map (sim/run/fs_sink.c `sharding_json`):
+    "replicated"                                   every rank holds the whole tensor
+    {"dim": d, "ranges": [[[a, b], ...], ...]}     ranges[r]: the half-open intervals of global
+                                                   axis d (d >= 0) that rank r holds, in local order
+    {"dims": [{"dim": .., "ranges": ..}, ...]}     split on several axes (DTensor on a 2-D mesh)
+A partial sum (a row-parallel Linear's output before its all-reduce) is not a distribution the
+format names; it goes to the `partial` key beside `sharding` ({name: "sum"}) and stays out of
+`sharding` (a reader that knows nothing of it sees "unknown distribution", as the format says).
+No torch import at module level: the plan functions run on plain data.
+"""
+import re
+
+__all__ = ["chunk_ranges", "torch_chunk_ranges", "cp_layout", "cp_sharding", "declare_shard", "declare_partial",
+           "declare_replicated", "declared_entry", "dtensor_entry", "is_dtensor", "shard_entry"]
+
+
+def chunk_ranges(n, world, uneven=False):
+    """Rank r's interval [a, b) of an axis of n elements split over `world` ranks, as diffusers
+    does: even (EquipartitionSharder: `tensor.chunk(world)`, n must divide) or `*_anything`
+    (PartitionAnythingSharder: `tensor.tensor_split(world)`: the first n % world ranks one more)."""
+    n, world = int(n), int(world)
+    if world < 1:
+        raise ValueError(f"world {world} < 1")
+    if not uneven and n % world:
+        raise ValueError(f"an axis of {n} does not split evenly over {world} ranks (diffusers asserts it; "
+                         f"ulysses_anything / ring_anything split it unevenly)")
+    base, extra = divmod(n, world)
+    out, a = [], 0
+    for r in range(world):
+        b = a + base + (1 if r < extra else 0)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def torch_chunk_ranges(n, world):
+    """`torch.chunk` / DTensor Shard(d): chunks of ceil(n/world), the last ones short or empty."""
+    c = -(-int(n) // int(world)) if n else 0
+    return [(min(r * c, n), min((r + 1) * c, n)) for r in range(world)]
+
+
+def shard_entry(dim, per_rank_intervals):
+    """{"dim": d, "ranges": [[[a, b], ...] per rank]}, as flux-sim writes it."""
+    return {"dim": int(dim), "ranges": [[[int(a), int(b)] for a, b in iv] for iv in per_rank_intervals]}
+
+
+# ---- diffusers context parallelism -------------------------------------------------------------
+def _is_cp_input(x):
+    return hasattr(x, "split_dim")
+
+
+def _is_cp_output(x):
+    return hasattr(x, "gather_dim")
+
+
+_TXT = re.compile(r"encoder|txt|context")
+# names of diffusers' FLUX text stream, to tell a text shard from an image shard when both
+# have the same length on every rank (the only case shapes cannot decide)
+_TXT_STREAM = re.compile(r"context|\.add_|added_|to_add_out|^transformer_blocks\.\d+#0$|\.attn#1$")
+
+
+def cp_layout(plan, global_shapes, world, uneven):
+    """The sequence segments the plan's root (`""`) entry splits, from the global shapes of the
+    inputs passed to the model (name -> shape). Returns a dict with
+      segments: {"txt": (L, ranges), "img": (L, ranges), <other input>: ...}
+      axis:     {ndim: split axis} (from each split input's expected_dims and split_dim)
+      allowed:  {ndim: [segment names a tensor of that ndim may be a shard of]}
+    Text inputs (a name with encoder/txt/context) form "txt", the other split inputs of FLUX's
+    plan (hidden_states, img_ids) "img"; the joint sequence is [txt, img], as diffusers'
+    FluxTransformer2DModel concatenates it (torch.cat([encoder_hidden_states, hidden_states])).
+    An input whose shape does not have expected_dims is not split (diffusers warns and passes it
+    whole), so it makes no segment."""
+    root = plan.get("", {}) if isinstance(plan, dict) else {}
+    segs, axis, allowed = {}, {}, {}
+    for name, cpi in root.items():
+        cpis = list(cpi) if isinstance(cpi, (list, tuple)) else [cpi]
+        if len(cpis) != 1 or not _is_cp_input(cpis[0]) or getattr(cpis[0], "split_output", False):
+            continue
+        cpi = cpis[0]
+        shape = global_shapes.get(name)
+        if shape is None:
+            continue
+        nd = len(shape)
+        if cpi.expected_dims is not None and nd != cpi.expected_dims:
+            continue
+        d = cpi.split_dim % nd
+        role = "txt" if _TXT.search(name) else ("img" if re.search(r"hidden_states|img", name) else name)
+        L = int(shape[d])
+        if role in segs and segs[role][0] != L:
+            raise ValueError(f"_cp_plan: inputs of the {role} sequence disagree on its length ({segs[role][0]} vs {L} "
+                             f"from {name})")
+        segs[role] = (L, chunk_ranges(L, world, uneven))
+        if axis.get(nd, d) != d:
+            raise ValueError(f"_cp_plan splits {nd}-D inputs on different axes ({axis[nd]} and {d})")
+        axis[nd] = d
+        allowed.setdefault(nd, [])
+        if role not in allowed[nd]:
+            allowed[nd].append(role)
+    return {"segments": segs, "axis": axis, "allowed": allowed, "world": world}
+
+
+def _interpretations(layout, nd):
+    """[(label, axis, per-rank local extent, entry)] for a tensor of `nd` dims."""
+    axis, allowed, segs, W = layout["axis"], layout["allowed"], layout["segments"], layout["world"]
+    if not axis:
+        return []
+    if nd in axis:
+        key = nd
+    elif nd > max(axis):
+        key = max(axis)
+    else:
+        return []
+    d, out = axis[key], []
+    for role in allowed[key]:
+        L, rr = segs[role]
+        out.append((role, d, [b - a for a, b in rr], shard_entry(d, [[iv] for iv in rr])))
+    if "txt" in allowed[key] and "img" in allowed[key]:
+        (Lt, rt), (_, ri) = segs["txt"], segs["img"]
+        joint = [[rt[r], (Lt + ri[r][0], Lt + ri[r][1])] for r in range(W)]
+        out.append(("joint", d, [(rt[r][1] - rt[r][0]) + (ri[r][1] - ri[r][0]) for r in range(W)],
+                    shard_entry(d, joint)))
+    return out
+
+
+def _module_of(name):
+    """'pos_embed#1' -> ('pos_embed', 1); 'proj_out' -> ('proj_out', None); '@k' calls alike."""
+    base = name.split("@")[0]
+    if "#" in base:
+        m, k = base.rsplit("#", 1)
+        return m, int(k) if k.isdigit() else None
+    return base, None
+
+
+def _plan_match(pattern, module):
+    """diffusers' plan keys: dotted module names, one '*' standing for a ModuleList index."""
+    return re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), module) is not None
+
+
+def cp_sharding(plan, layout, shapes_by_rank, rank_of_file=None):
+    """The sharding map for the recorded tensors, from every rank's local shapes of them
+    (a list, index = CP rank, of {name: shape}; a single rank's dict when the ranks' shapes were
+    not gathered, then only that rank's shape is checked). Returns (sharding, unmapped): the
+    names it cannot decide are left out of the map (unknown distribution) and listed.
+
+    Rules, in order: an output a ContextParallelOutput gathers (diffusers' proj_out) is
+    "replicated"; an output a ContextParallelInput(split_output=True) splits is that shard; any
+    other tensor is a shard of the text, image or joint [txt, img] sequence when its extent on the
+    split axis equals that segment's local extent on every rank (one candidate: taken; text and
+    image both fitting: FLUX's text-stream names decide), else "replicated" when every rank holds
+    the same shape (time embeddings, modulation vectors; and what the user records outside the
+    model: latents_in / latents_out are the pipeline's whole latents)."""
+    if isinstance(shapes_by_rank, dict):
+        shapes_by_rank = [shapes_by_rank]
+        gathered = False
+    else:
+        gathered = True
+    W = layout["world"]
+    names = list(shapes_by_rank[0].keys())
+    sharding, unmapped = {}, []
+    gather_at, split_at = [], []
+    for key, val in (plan or {}).items():
+        if key == "":
+            continue
+        if _is_cp_output(val) or (isinstance(val, (list, tuple)) and val and all(_is_cp_output(x) for x in val)):
+            outs = [val] if _is_cp_output(val) else list(val)
+            gather_at.append((key, outs))
+        elif isinstance(val, dict):
+            for k, cpi in val.items():
+                if isinstance(k, int) and _is_cp_input(cpi) and getattr(cpi, "split_output", False):
+                    split_at.append((key, k, cpi))
+    for name in names:
+        local = [s.get(name) for s in shapes_by_rank]
+        if any(x is None for x in local):
+            unmapped.append(name)
+            continue
+        nd = len(local[0])
+        mod, k = _module_of(name)
+        if any(_plan_match(p, mod) and (k is None or k < len(outs)) and outs[k or 0] is not None
+               for p, outs in gather_at):
+            sharding[name] = "replicated"
+            continue
+        hit = [cpi for p, kk, cpi in split_at if _plan_match(p, mod) and kk == (k or 0)]
+        if hit:
+            d = hit[0].split_dim % nd
+            ext = [s[d] for s in local]
+            L = sum(ext) if gathered and len(ext) == W else None
+            if L is None:
+                unmapped.append(name)
+                continue
+            a, ranges = 0, []
+            for e in ext:
+                ranges.append([(a, a + e)])
+                a += e
+            sharding[name] = shard_entry(d, ranges)
+            continue
+        cands = []
+        for label, d, ext, entry in _interpretations(layout, nd):
+            if d >= nd:
+                continue
+            if gathered and len(local) == W:
+                ok = all(local[r][d] == ext[r] for r in range(W))
+            else:
+                r = rank_of_file if rank_of_file is not None else 0
+                ok = local[0][d] == ext[r]
+            if ok:
+                cands.append((label, entry))
+        if len(cands) == 2 and {c[0] for c in cands} == {"txt", "img"}:
+            want = "txt" if _TXT_STREAM.search(name) else "img"
+            cands = [c for c in cands if c[0] == want]
+        if len(cands) == 1:
+            sharding[name] = cands[0][1]
+        elif not cands and all(tuple(s) == tuple(local[0]) for s in local):
+            sharding[name] = "replicated"
+        else:
+            unmapped.append(name)
+    return sharding, unmapped
+
+
+# ---- declarations (hand-written Megatron modules) ---------------------------------------------
+_ATTR = "_flux_dump_sharding"
+
+
+def declare_shard(module, rank, world, dim, sizes=None):
+    """This module's output is shard `rank` of `world` on axis `dim` of the global tensor: even
+    chunks (the global axis = world x the local one) unless `sizes` lists every rank's extent.
+    E.g. a column-parallel Linear (Megatron's ColumnParallelLinear without gather_output):
+    declare_shard(self, rank, world, dim=-1)."""
+    setattr(module, _ATTR, ("shard", int(rank), int(world), int(dim), list(sizes) if sizes is not None else None))
+    return module
+
+
+def declare_partial(module, op="sum"):
+    """This module's output is this rank's partial `op` (a row-parallel Linear's output before its
+    all-reduce): the global tensor is the `op` of every rank's."""
+    if op != "sum":
+        raise ValueError(f"partial op {op!r}: only 'sum' is known")
+    setattr(module, _ATTR, ("partial", op))
+    return module
+
+
+def declare_replicated(module):
+    """This module's output is whole and the same on every rank (after an all-reduce or gather)."""
+    setattr(module, _ATTR, ("replicated",))
+    return module
+
+
+def declared_entry(decl, shape):
+    """(map entry, kind) of a declaration for a local tensor of `shape`: kind "shard", "partial",
+    "replicated"."""
+    if decl[0] == "replicated":
+        return "replicated", "replicated"
+    if decl[0] == "partial":
+        return decl[1], "partial"
+    _, rank, world, dim, sizes = decl
+    nd = len(shape)
+    if not -nd <= dim < nd:
+        raise ValueError(f"declared shard dim {dim} outside a {nd}-D output")
+    d = dim % nd
+    if sizes is None:
+        sizes = [shape[d]] * world
+    if len(sizes) != world or sizes[rank] != shape[d]:
+        raise ValueError(f"declared shard {rank} of {world} on dim {d}: sizes {sizes} do not fit the local "
+                         f"extent {shape[d]}")
+    a, ranges = 0, []
+    for s in sizes:
+        ranges.append([(a, a + s)])
+        a += s
+    return shard_entry(d, ranges), "shard"
+
+
+# ---- DTensor ------------------------------------------------------------------------------------
+def _dtensor_cls():
+    try:
+        from torch.distributed.tensor import DTensor
+        return DTensor
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._tensor import DTensor
+        return DTensor
+    except ImportError:
+        return None
+
+
+def is_dtensor(x):
+    cls = _dtensor_cls()
+    return cls is not None and isinstance(x, cls)
+
+
+def dtensor_entry(x):
+    """(entry, kind, world, rank_in_mesh, mesh_shape, mesh_dim_names) of a DTensor from its device
+    mesh and placements. Shard(d) on one or more mesh axes: {"dim"...} / {"dims": [...]} with
+    DTensor's chunking (torch.chunk, applied mesh axis by mesh axis); all Replicate: "replicated";
+    any Partial: ("sum", "partial"). The mesh must hold ranks 0..W-1 (ranges are indexed by the
+    global rank)."""
+    mesh = x.device_mesh
+    placements = list(x.placements)
+    ranks = mesh.mesh.flatten().tolist()
+    W = len(ranks)
+    if sorted(ranks) != list(range(W)):
+        raise ValueError(f"DTensor mesh ranks {ranks}: the map needs a mesh of ranks 0..{W - 1}")
+    names = getattr(mesh, "mesh_dim_names", None)
+    mshape = list(mesh.mesh.shape)
+    if any(p.is_partial() for p in placements):
+        return "sum", "partial", W, mshape, names
+    if all(p.is_replicate() for p in placements):
+        return "replicated", "replicated", W, mshape, names
+    gshape = list(x.shape)
+    nd = len(gshape)
+    # every rank's interval per tensor axis, applying the placements mesh axis by mesh axis
+    coords = {}
+    import itertools
+    for idx in itertools.product(*[range(s) for s in mshape]):
+        coords[int(mesh.mesh[idx].item())] = idx
+    per_rank = {}
+    for r in range(W):
+        iv = [(0, n) for n in gshape]
+        for md, p in enumerate(placements):
+            if p.is_shard():
+                d = p.dim % nd
+                a, b = iv[d]
+                ca, cb = torch_chunk_ranges(b - a, mshape[md])[coords[r][md]]
+                iv[d] = (a + ca, a + cb)
+        per_rank[r] = iv
+    dims = sorted({p.dim % nd for p in placements if p.is_shard()})
+    entries = [shard_entry(d, [[per_rank[r][d]] for r in range(W)]) for d in dims]
+    entry = entries[0] if len(entries) == 1 else {"dims": entries}
+    return entry, "shard", W, mshape, names
