@@ -59,17 +59,26 @@ static void h5_leave(void)
     if (h5_hook) h5_hook(0, NULL, NULL);
 }
 
+#define MAX_COMPONENTS 32 /* path components obj_kind looks up: /step_N/ and 8 nested groups fit */
+
 /* H5I type of the object at `path`, or -1 when some component is missing. Each prefix is
  * checked with H5Lexists because H5Lexists on "a/b" fails (not 0) when "a" is missing. */
 static int obj_kind(hid_t loc, const char *path)
 {
     size_t n = strlen(path);
     if (n == 0) return -1;
+    /* Each prefix costs HDF5 a parse of it: a name of 80,000 slashes (an `order` entry, found by
+     * fuzz_oracle_walk) made this quadratic, minutes for one lookup. No dump nests that deep:
+     * more than MAX_COMPONENTS components names nothing here. */
+    size_t comps = 0;
+    for (size_t i = 1; i <= n; i++) comps += (path[i] == '/' || path[i] == 0) && path[i - 1] != '/';
+    if (comps > MAX_COMPONENTS) return -1;
     char *p = malloc(n + 1);
     if (!p) return -1;
     memcpy(p, path, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (p[i] != '/' && p[i] != 0) continue;
+        if (p[i - 1] == '/') continue; /* an empty component ("a//b"): nothing to check */
         char save = p[i];
         p[i] = 0;
         int ok = H5Lexists(loc, p, H5P_DEFAULT) > 0;
