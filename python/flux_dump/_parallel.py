@@ -32,8 +32,9 @@ def _get(cfg, key, default=None):
 
 
 class _ParallelState:
-    def __init__(self, model, parallel, rank, world, cp_config, cp_plan, gather_shapes):
+    def __init__(self, model, parallel, rank, world, cp_config, cp_plan, gather_shapes, default_entry=None):
         self.user = dict(parallel) if parallel else {}
+        self.default = default_entry
         self.gather = gather_shapes
         self.cp = _cp_config_of(model, cp_config)
         self.plan = cp_plan if cp_plan is not None else (getattr(model, "_cp_plan", None) if self.cp is not None else None)
@@ -169,6 +170,10 @@ class _ParallelState:
                 sharding[n] = e
         for n in self.partial:
             sharding.pop(n, None)
+        if self.default is not None:        # e.g. "replicated": all a TP run does not declare
+            for n in self.shapes:
+                if n not in sharding and n not in self.partial and n not in self.manual:
+                    sharding[n] = self.default
         if not self.engines and not self.manual:
             return json.dumps(self.user) if self.user else None   # as given
         p = {}

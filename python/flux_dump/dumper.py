@@ -173,11 +173,12 @@ def pipeline_timesteps(timesteps, dtype, batch=None):
 class FluxDumper:
     def __init__(self, path, model, config=None, dtype=None, producer=None, modules=None,
                  recorded_modules="all", parallel=None, dedupe=True, compress=False, extra_attrs=None,
-                 recorded_steps=None, rank=None, world=None, cp_config=None, cp_plan=None, gather_shapes=True):
+                 recorded_steps=None, rank=None, world=None, cp_config=None, cp_plan=None, gather_shapes=True,
+                 default_entry=None):
         self.model = model
         self.modules = modules
         self.dedupe, self.compress = dedupe, compress
-        self._par = _ParallelState(model, parallel, rank, world, cp_config, cp_plan, gather_shapes)
+        self._par = _ParallelState(model, parallel, rank, world, cp_config, cp_plan, gather_shapes, default_entry)
         path = os.fspath(path)
         if "{rank}" in path:          # one file per rank: "run/rank_{rank}.h5"
             if self._par.rank is None:
