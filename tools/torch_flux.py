@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """torch_flux.py — an independent PyTorch FLUX.1 transformer (diffusers' FluxTransformer2DModel
 forward + FluxPipeline's Euler loop) that runs float32, float64, or bfloat16 *as a GPU does*, and
-writes every module's output of every step to a flux-dump v1 file with tools/torch_dump.py.
+writes every module's output of every step to a flux-dump v1 file with tools/torch_dump.py (the
+flux_dump package of python/).
 Optional switches re-create real parallel bugs (and their correct emulations) inside the run, so
 that flux-sim / flux-oracle can be tested on real PyTorch bf16 runs, buggy ones included.
 
@@ -1116,6 +1117,7 @@ def run(args):
         producer += "; switches " + json.dumps(desc, sort_keys=True)
     extra = dict(attrs)
     extra["torch_flux_switches"] = json.dumps(desc, sort_keys=True)
+    existed = os.path.lexists(args.out)
     try:
         dumper = FluxDumper(args.out, models[0], config=cfg, dtype=args.dtype, producer=producer,
                             compress=args.compress, extra_attrs=extra)
@@ -1130,7 +1132,11 @@ def run(args):
             else:
                 runs[0](dumper)
     except BaseException:
-        os.unlink(args.out)          # no half-written dump
+        # no half-written dump at the path: FluxDumper published this run's partial file there only
+        # if nothing was there before (else it kept it at its temporary name); a dump that was
+        # there before is never deleted
+        if not existed and os.path.exists(args.out):
+            os.unlink(args.out)
         raise
     return 0
 

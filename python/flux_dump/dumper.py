@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""torch_dump.py — write a flux-dump v1 file (../shared/flux-dump.md) from a PyTorch run of
-diffusers' FluxTransformer2DModel, with forward hooks, so a GPU run can be diffed against flux-sim
-with `flux-oracle diff`.
+"""flux_dump.dumper — write a flux-dump v1 file (flux-sim's ../shared/flux-dump.md) from a PyTorch run
+of diffusers' FluxTransformer2DModel, with forward hooks, so a GPU run can be diffed against flux-sim
+with `flux-oracle diff`. Installed as the `flux_dump` package (`pip install ./python`); in a flux-sim
+checkout `tools/torch_dump.py` re-exports it (`from torch_dump import FluxDumper`).
 
-    from torch_dump import FluxDumper
+    from flux_dump import FluxDumper, pipeline_timesteps
     # after retrieve_timesteps(scheduler, ...): scheduler.timesteps has N values and
     # scheduler.sigmas the N+1 sigmas (including the final 0)
     timesteps, sigmas = scheduler.timesteps, scheduler.sigmas
@@ -12,10 +13,13 @@ with `flux-oracle diff`.
         d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds,
                        pooled_projections=pooled, img_ids=img_ids, txt_ids=txt_ids,
                        guidance=guidance, sigmas=sigmas,
-                       timesteps=(timesteps / 1000).to(latents.dtype))
+                       timesteps=pipeline_timesteps(timesteps, latents.dtype))
         for i, t in enumerate(timesteps):
-            # diffusers wants a 1-D timestep of B values, as FluxPipeline passes it (a 0-d
-            # tensor crashes inside the time embedding); record the value actually passed
+            # what FluxPipeline passes: a 1-D timestep of B values (a 0-d tensor crashes inside
+            # the time embedding), cast to the latents' dtype, THEN divided in that dtype; in bf16
+            # bf16(bf16(t)/1000), which pipeline_timesteps() above records too. (Recording
+            # (timesteps / 1000).to(bf16) instead, bf16(t/1000), differs: 0.61328125 vs 0.6171875
+            # for t = 613.5, and close() refuses the dump.)
             timestep = t.expand(B).to(latents.dtype) / 1000
             with d.step(i, timestep=timestep, sigma=sigmas[i], sigma_next=sigmas[i + 1]):
                 d.record("latents_in", latents)
@@ -30,6 +34,28 @@ with `flux-oracle diff`.
     # inside it leaves the file without the marker (readers report it partial), at run.h5 only
     # if nothing was there: a previous dump is never replaced by a partial one. SIGKILL leaves
     # only the temporary, removed by the next FluxDumper of the path or `flux-sim --clean`.
+    # flux-sim replays it in any precision: flux-sim --weights W --inputs run.h5 (docs/bf16.md
+    # for a bf16 run's three-command verdict; tests/torch_package.sh runs this recipe in bf16).
+
+Parallel runs: one file per rank. Put `{rank}` in the path (`FluxDumper("run/rank_{rank}.h5",
+transformer)`; the folder is made) and every rank runs the recipe with the pipeline's whole inputs
+and latents. The `parallel` attribute (world, rank, mesh, sharding: flux-dump's per-rank form, the
+one flux-sim's --dump-per-rank writes) is written after each step, the map worked out by the dumper:
+  - diffusers context parallelism (`transformer.enable_parallelism(config=ContextParallelConfig(..))`):
+    from the ContextParallelConfig the model carries (or `cp_config=`) and its `_cp_plan` (or
+    `cp_plan=`): the root's split inputs make the text, image and joint [txt, img] sequences,
+    chunked as diffusers chunks them (even; `ring_anything`/`ulysses_anything`: tensor_split), a
+    ContextParallelOutput's module (proj_out) is "replicated"; at the end of the first step the
+    ranks' local shapes are all-gathered once (a collective: every rank must record that step;
+    `gather_shapes=False` judges each rank alone). flux_dump.sharding.cp_sharding has the rules.
+  - DTensor outputs (torch >= 2.0): the local tensor is stored, its placements give the entry.
+  - hand-written Megatron modules: flux_dump.declare_shard(module, rank, world, dim) ("this
+    module's output is shard r of N on dim d"), declare_partial(module) (a row-parallel Linear's
+    output before its all-reduce: listed under `partial` beside `sharding`), declare_replicated;
+    `default_entry="replicated"` for every name not declared.
+  `d.declare(name, entry)` sets one entry by hand; `parallel=` keys given by the user are kept.
+  Names the dumper cannot place are left out of the map and listed under `unmapped`, with a warning.
+  docs/peers.md: the recipe per engine and what flux-oracle reads.
 
 Naming (the format's rules): a dataset per module output, named by its path in
 `model.named_modules()`; a tuple output stores element k as `name#k` (None elements skipped); a
@@ -45,7 +71,10 @@ Completeness (docs/dump-format.md): the root attribute `complete` = 1 is written
 last action, when the `with` block (or close()) ends without an exception and every step that
 was started has ended and /final/latents exists; a run that raises leaves a file flux-oracle
 reports as partial. Steps are checked against /inputs/sigmas (N+1 values: N steps); when only
-some steps were recorded, `recorded_steps` ("0,3") says which.
+some steps were recorded, `recorded_steps` ("0,3") says which, and each step left out must have
+run the model outside step() (a deliberate subset still runs every step): a loop that stopped
+early (a break, an exception the caller caught) stays partial, whatever the number of forwards
+per step (true CFG runs two).
 
 What was run is recorded as it was passed: `dtype` is the run's dtype (the model's parameters,
 or `dtype=`), each step's `timestep` attribute is the value passed to the transformer (a tensor
@@ -53,8 +82,9 @@ is read in its own dtype, e.g. bfloat16-rounded), and /inputs/timesteps must hol
 (checked at the end: a mismatch raises instead of marking the file complete).
 
 Options: `modules=` a predicate on the module name to record a subset (then pass
-`recorded_modules=` text for the attribute, "depth<=N" or "all"); `parallel=` a dict written as
-the `parallel` attribute (world, mesh, rank, sharding) for per-rank or sharded runs; `dtype=`
+`recorded_modules=` text for the attribute, "depth<=N" or "all"); `parallel=` a dict for the
+`parallel` attribute (its keys win over the dumper's; its `sharding` entries are merged in);
+`rank=`/`world=` when there is no torch.distributed process group; `dtype=`
 overrides the run's dtype name; `recorded_steps=` overrides the list worked out from the steps
 run. bfloat16 tensors are stored as float32 (HDF5 has no bfloat16), as the format
 says. Needs torch, h5py, numpy; diffusers is not imported here.
