@@ -88,7 +88,7 @@ count() {
   local kind=$1; shift
   rm -f "$T/shim.log"
   SHIM_LOG="$T/shim.log" LD_PRELOAD="$T/shim.so" timeout 120 "$@" >/dev/null 2>&1 </dev/null
-  grep -c "^SHIM_$kind " "$T/shim.log" 2>/dev/null || echo 0
+  local c; c=$(grep -c "^SHIM_$kind " "$T/shim.log" 2>/dev/null); echo "${c:-0}"
 }
 
 # ---- T1: truncated before the run: the header-vs-size check ----
@@ -99,7 +99,7 @@ one "T1 shard truncated before the run" "truncated" "$SIM" --weights "$T/c0" "${
 # ---- T1: truncated during the run, decode path (BF16 checkpoint, fp32 run, streamed) ----
 fresh bf16 c1
 n=$(count PREAD "$SIM" --weights "$T/c1" "${RUN[@]}" --stream on --dump "$T/probe.h5"); rm -f "$T/probe.h5"
-if [ "$n" -lt 10 ]; then bad "T1 decode: only $n preads counted"; else
+if [ "$n" -lt 10 ]; then bad "T1 decode: only $n preads of shard bytes counted (the decode reads through the mapping: a truncation would be a SIGBUS)"; else
   one "T1 shard truncated mid-run (pread $((n / 2)) of $n), --stream on, decode" "truncated or rewritten during the run" \
     env LD_PRELOAD="$T/shim.so" SHIM_PREAD=$((n / 2)) "$SIM" --weights "$T/c1" "${RUN[@]}" --stream on --dump "$T/o.h5"
   [ -e "$T/o.h5" ] && bad "T1 decode: o.h5 exists"
