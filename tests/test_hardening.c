@@ -2,6 +2,7 @@
  * (../shared/reliability-probe.md defects 2, 10, 12, 15, 16): every refusal is FS_E_INPUT (or
  * FS_E_IO for the OS), one line, naming the origin and the key, and nothing overflows. Runs under
  * `make sanitize` too, where an overflow or an out-of-range float->int cast is a failure. */
+#include "fs_schedule.h"
 #include "test_util.h"
 
 #include <fcntl.h>
@@ -426,6 +427,20 @@ static void test_require_regular_file(void **state)
     rmdir(dir);
 }
 
+/* the scheduler refuses a shift that overflows float32 (all-NaN sigmas) instead of running it */
+static void test_sched_overflow(void **state)
+{
+    (void)state;
+    fs_sched_config sc;
+    fs_err e = {0};
+    double sig[3], ts[2];
+    assert_int_equal(fs_sched_preset(&sc, "dev", &e), FS_OK);
+    assert_int_equal(fs_sched_sigmas(&sc, 2, 4096, FS_F32, sig, ts, &e), FS_OK);
+    assert_true(isfinite(sig[0]) && isfinite(sig[1]));
+    assert_int_equal(fs_sched_sigmas(&sc, 2, 1 << 22, FS_F32, sig, ts, &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "overflows float32"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -446,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_control_chars),
         cmocka_unit_test(test_printable),
         cmocka_unit_test(test_require_regular_file),
+        cmocka_unit_test(test_sched_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

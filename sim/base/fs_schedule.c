@@ -45,6 +45,13 @@ int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype
             float sh = (float)s->shift;
             out = sh * sg / (1.0f + (sh - 1.0f) * sg);
         }
+        /* exp(mu) overflows float32 past mu ~ 88 (FLUX.1-dev's shift reaches that near 2^22
+         * image tokens): every sigma would be NaN, a complete-looking run of NaN latents */
+        if (!isfinite(out))
+            return fs_errf(e, FS_E_INPUT,
+                           "scheduler: sigma %d is %g (mu %.4g for %d image tokens: exp(mu) overflows float32); "
+                           "the shift is out of range for this image size",
+                           i, (double)out, mu, image_seq_len);
         sigmas[i] = out;
         float t1000 = out * 1000.0f; /* scheduler.timesteps, float32 */
         /* what the pipeline passes, `t.expand(B).to(latents.dtype) / 1000`: a float32 division,
