@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <limits.h>
 #include <stddef.h>
 
