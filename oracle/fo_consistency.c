@@ -23,8 +23,57 @@ static void set_at(fo_entry *en, const fo_model_dims *md, int64_t at)
 
 int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report *r, fs_err *e)
 {
+    return fo_consistency_ref_run(files, n, NULL, o, r, e);
+}
+
+/* "0, 2" of the ranks in mask (file order) */
+static const char *rank_list(const fo_report *r, uint64_t mask, char *buf, size_t n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int j = 0; j < r->nfiles && o < n; j++)
+        if (mask >> r->rank_of_file[j] & 1) o += (size_t)snprintf(buf + o, n - o, "%s%d", o ? ", " : "", r->rank_of_file[j]);
+    return buf;
+}
+static const char *rank_word(uint64_t mask) { return mask & (mask - 1) ? "ranks" : "rank"; }
+
+/* Does file i's copy of `name` pass against the reference's tensor (diff's rule)? *st: the metrics. */
+static int copy_vs_ref(fo_file *f, const char *pf, fo_file *ref, const char *pr, const fo_tolerance tol, int64_t block,
+                       fo_stats *st, int *pass, fs_err *e)
+{
+    fo_stream *sa = NULL, *sb = NULL;
+    fo_dataset ia = {0}, ib = {0};
+    int rc = fo_stream_open(f, pf, block, &sa, &ia, e);
+    if (!rc) rc = fo_stream_open(ref, pr, block, &sb, &ib, e);
+    if (!rc && (ia.ndim != ib.ndim || memcmp(ia.shape, ib.shape, sizeof ia.shape))) {
+        char s1[160], s2[160];
+        rc = fs_errf(e, FS_E_INPUT, "%s: %s has shape %s, the reference %s: not the same tensor", fo_file_path(ref), pr,
+                     fo_shape_str(ib.ndim, ib.shape, s2, sizeof s2), fo_shape_str(ia.ndim, ia.shape, s1, sizeof s1));
+    }
+    fo_acc acc;
+    fo_acc_init(&acc);
+    for (;;) {
+        if (rc) break;
+        fo_view xa, xb;
+        int64_t off, na, nb;
+        if ((rc = fo_stream_view(sa, &xa, &off, &na, e)) || (rc = fo_stream_view(sb, &xb, &off, &nb, e)) || na == 0) break;
+        fo_acc_add_view(&acc, xa, xb, na);
+    }
+    fo_acc_finish(&acc, st);
+    *pass = fo_tolerance_pass(st, tol) && fo_stats_all_finite(st);
+    fo_stream_close(sa), fo_stream_close(sb);
+    return rc;
+}
+
+int fo_consistency_ref_run(fo_file **files, int n, fo_file *ref, const fo_diff_opts *o, fo_report *r, fs_err *e)
+{
     fo_report_init(r, FO_MODE_CONSISTENCY);
     r->narrowed = o->modules != NULL || o->steps != NULL;
+    fo_tolerance ref_tol = {0};
+    if (ref) {
+        fo_diff_setup(r, o, files[0], ref, 0); /* the tolerance a diff against ref applies */
+        ref_tol = r->tol;
+    }
     r->tol = (fo_tolerance){.rtol = 0}; /* bitwise */
     r->nfiles = n;
     if (n < 2) return fs_errf(e, FS_E_INPUT, "consistency needs at least two per-rank dumps");
@@ -68,6 +117,8 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
         free(note);
         note = NULL;
     }
+    if (!rc && ref) rc = fo_same_model(files[0], ref, e);
+    if (!rc && ref) rc = fo_require_complete(ref, 0, NULL, e);
     if (rc) {
         for (int i = 0; i < n; i++) fo_decl_free(&decl[i]);
         return rc;
@@ -210,47 +261,80 @@ int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report 
                     for (int i = 1; i < n; i++) fo_acc_add(&acc[i], x[i], x[0], cnt);
                 }
                 if (rc) goto close;
-                /* The largest class of identical files is the consensus (ties: the one holding
-                 * the first file); the others disagree. */
-                int best = 0, best_sz = 0;
-                for (int i = 0; i < n; i++) {
-                    int sz = 0;
-                    for (int j = 0; j < n; j++) sz += i == j || eq[i * n + j];
-                    if (sz > best_sz) best = i, best_sz = sz;
-                }
-                if (best_sz == n) {
+                /* No majority vote: identical everywhere, or a split reported as such. */
+                int all_same = 1;
+                for (int j = 1; j < n; j++) all_same &= eq[j];
+                if (all_same) {
                     fo_acc_finish(&acc[1], &en->st); /* all zero: shows identical in tables */
                     goto close;
                 }
                 en->kind = FO_UNEQUAL;
-                int odd = -1;
-                char cl[256];
-                size_t co_ = 0;
-                cl[0] = 0;
-                for (int j = 0; j < n; j++) {
-                    if (j != best && !eq[best * n + j]) {
-                        en->ranks |= (uint64_t)1 << r->rank_of_file[j];
-                        if (odd < 0) odd = j;
-                    } else if (co_ < sizeof cl) {
-                        co_ += (size_t)snprintf(cl + co_, sizeof cl - co_, "%s%d", co_ ? ", " : "", r->rank_of_file[j]);
-                    }
+                /* The groups of identical copies (file order of their first member). */
+                int cls[FO_MAX_RANKS], ncls = 0;
+                uint64_t members[FO_MAX_RANKS];
+                for (int i = 0; i < n; i++) {
+                    int k = 0;
+                    for (; k < ncls; k++)
+                        if (eq[cls[k] * n + i]) break;
+                    if (k == ncls) cls[ncls] = i, members[ncls++] = 0;
+                    members[k] |= (uint64_t)1 << r->rank_of_file[i];
                 }
-                fo_acc_finish(&acc[odd == 0 ? best : odd], &en->st);
+                char split[512];
+                size_t so = 0;
+                split[0] = 0;
+                for (int k = 0; k < ncls && so < sizeof split; k++) {
+                    char rl[256];
+                    so += (size_t)snprintf(split + so, sizeof split - so, "%s%s", k ? " | " : "",
+                                           rank_list(r, members[k], rl, sizeof rl));
+                }
+                /* metrics of the first copy that differs from file 0's (or file 0 against it) */
+                int odd = 1;
+                while (odd < n && eq[odd]) odd++;
+                fo_acc_finish(&acc[odd < n ? odd : 1], &en->st);
                 set_at(en, &md, en->st.n_nonfinite_mismatch ? en->st.first_nonfinite : en->st.argmax);
-                char rl[256];
-                size_t ro = 0;
-                rl[0] = 0;
-                for (int j = 0; j < n && ro < sizeof rl; j++)
-                    if (en->ranks >> r->rank_of_file[j] & 1)
-                        ro += (size_t)snprintf(rl + ro, sizeof rl - ro, "%s%d", ro ? ", " : "", r->rank_of_file[j]);
-                char co[96];
+                char co[96], detail[400];
                 fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
-                en->msg = fo_strdupf("replicated tensor differs across ranks: rank%s %s disagree%s with rank%s %s; "
-                                    "max|diff| %.3g at %s%s%s%s, rel L2 %.3g, NaN %lld/%lld",
-                                    strchr(rl, ',') ? "s" : "", rl, strchr(rl, ',') ? "" : "s",
-                                    strchr(cl, ',') ? "s" : "", cl, en->st.max_abs, co, en->where[0] ? " (" : "",
-                                    en->where, en->where[0] ? ")" : "", en->st.rel_l2, (long long)en->st.nan_a,
-                                    (long long)en->st.nan_b);
+                snprintf(detail, sizeof detail, "max|diff| %.3g at %s%s%s%s (rank %d vs rank %d), rel L2 %.3g, NaN %lld/%lld",
+                         en->st.max_abs, co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
+                         r->rank_of_file[odd < n ? odd : 1], r->rank_of_file[0], en->st.rel_l2,
+                         (long long)en->st.nan_a, (long long)en->st.nan_b);
+                uint64_t all = 0, wrong = 0;
+                for (int k = 0; k < ncls; k++) all |= members[k];
+                char why_ref[600] = "";
+                if (ref) {
+                    char *pr = fo_path_join(gp[0], name);
+                    if (!pr) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    for (int k = 0; k < ncls && !rc; k++) {
+                        JOIN(gp[cls[k]]);
+                        fo_stats rs;
+                        int pass = 0;
+                        if (!rc) rc = copy_vs_ref(files[cls[k]], p, ref, pr, ref_tol, block, &rs, &pass, e);
+                        if (!rc && !pass) wrong |= members[k];
+                    }
+                    free(pr);
+                    if (rc) goto close;
+                }
+                char rl[256], cl[256];
+                if (ref && wrong && wrong != all) {
+                    en->ranks = wrong;
+                    snprintf(why_ref, sizeof why_ref, "%s %s differ%s from the reference %s; %s %s agree%s with it",
+                             rank_word(wrong), rank_list(r, wrong, rl, sizeof rl), wrong & (wrong - 1) ? "" : "s",
+                             fo_file_path(ref), rank_word(all & ~wrong), rank_list(r, all & ~wrong, cl, sizeof cl),
+                             (all & ~wrong) & ((all & ~wrong) - 1) ? "" : "s");
+                } else {
+                    en->ranks = all;
+                    if (ref)
+                        snprintf(why_ref, sizeof why_ref, "%s", wrong ? "every copy differs from the reference"
+                                                                      : "every copy is within tolerance of the reference");
+                    else
+                        snprintf(why_ref, sizeof why_ref,
+                                 "without a reference no copy is known to be right (--ref REF.h5 names the ranks that "
+                                 "differ from it)");
+                }
+                free(en->ranks_note);
+                en->ranks_note = fo_strdupf("replicated; copies split %s", split);
+                en->msg = fo_strdupf("replicated tensor differs across ranks: %d different copies, ranks %s; %s; %s", ncls,
+                                     split, why_ref, detail);
             }
         close:
             free(p);

@@ -167,6 +167,65 @@ out:
     return rc;
 }
 
+void fo_diff_judge(fo_entry *en, const fo_model_dims *md, fo_tolerance tol, int pass, int64_t first_mismatch,
+                   double fm_a, double fm_b, int64_t first_nf, double fn_a, double fn_b)
+{
+    if (en->st.n_nonfinite_mismatch) {
+        en->kind = FO_NONFINITE;
+        set_at(en, md, first_mismatch);
+        en->val_a = fm_a, en->val_b = fm_b;
+        int a_bad = !isfinite(fm_a);
+        double bad = a_bad ? fm_a : fm_b, other = a_bad ? fm_b : fm_a;
+        char ob[48], co[96];
+        if (isfinite(other)) snprintf(ob, sizeof ob, "is finite (%.6g)", other);
+        else snprintf(ob, sizeof ob, "holds %s", nonfinite_word(other));
+        fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
+        en->msg = fo_strdupf("%s in %s where %s %s at %s%s%s%s: %lld such element%s (NaN A/B %lld/%lld, Inf A/B %lld/%lld)",
+                            nonfinite_word(bad), a_bad ? "A" : "B", a_bad ? "B" : "A", ob, co, en->where[0] ? " (" : "",
+                            en->where, en->where[0] ? ")" : "", (long long)en->st.n_nonfinite_mismatch,
+                            en->st.n_nonfinite_mismatch == 1 ? "" : "s", (long long)en->st.nan_a,
+                            (long long)en->st.nan_b, (long long)en->st.inf_a, (long long)en->st.inf_b);
+    } else if (!fo_stats_all_finite(&en->st)) {
+        /* The same NaN/Inf at the same places on both sides: the two runs agree on being broken.
+         * That is not a pass (two all-NaN dumps would otherwise PASS). */
+        en->kind = FO_NONFINITE;
+        set_at(en, md, first_nf);
+        en->val_a = fn_a, en->val_b = fn_b;
+        char co[96];
+        fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
+        en->msg = fo_strdupf("non-finite on both sides: %s in A and B at the same places, first at %s%s%s%s (NaN A/B "
+                             "%lld/%lld, Inf A/B %lld/%lld); a tensor holding NaN/Inf never passes",
+                             nonfinite_word(fn_a), co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
+                             (long long)en->st.nan_a, (long long)en->st.nan_b, (long long)en->st.inf_a,
+                             (long long)en->st.inf_b);
+    } else {
+        set_at(en, md, en->st.argmax);
+        if (!pass) {
+            en->kind = FO_TOL;
+            char co[96], why[256];
+            fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
+            double mr = fo_stats_max_rel(&en->st);
+            if (en->has_truth) {
+                double ma = fo_stats_max_rel(&en->st_a_truth), mb = fo_stats_max_rel(&en->st_b_truth);
+                if (!(en->st_a_truth.rel_l2 <= tol.m_rel * en->st_b_truth.rel_l2 + tol.rtol / 10))
+                    snprintf(why, sizeof why, "rel L2 vs truth: A %.3g > %g x B %.3g + %.3g", en->st_a_truth.rel_l2,
+                             tol.m_rel, en->st_b_truth.rel_l2, tol.rtol / 10);
+                else
+                    snprintf(why, sizeof why, "max rel vs truth: A %.3g > %g x B %.3g + %.3g", ma, tol.m_max, mb,
+                             tol.mtol / 10);
+            } else if (!(en->st.rel_l2 <= tol.rtol)) {
+                snprintf(why, sizeof why, "rel L2 %.3g > rtol %.3g (max rel %.3g)", en->st.rel_l2, tol.rtol, mr);
+            } else {
+                snprintf(why, sizeof why, "max rel %.3g > mtol %.3g (rel L2 %.3g within rtol %.3g)", mr, tol.mtol,
+                         en->st.rel_l2, tol.rtol);
+            }
+            en->msg = fo_strdupf("out of tolerance: %s; max|A-B| %.3g at %s%s%s%s, A %.9g vs B %.9g; cosine %.9f", why,
+                                en->st.max_abs, co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
+                                en->val_a, en->val_b, en->st.cosine);
+        }
+    }
+}
+
 static int diff_pass(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
 {
     fo_stream *sa = j->sa, *sb = j->sb, *st = j->st;
@@ -233,79 +292,39 @@ static int diff_pass(diff_ctx *c, diff_job *j, fo_entry *en, fs_err *e)
         /* A is the candidate, B the baseline (e.g. flux-sim's own run of the same precision) */
         pass = en->st.n_nonfinite_mismatch == 0 && fo_tolerance_arbiter(&en->st_a_truth, &en->st_b_truth, tol);
     }
-    if (en->st.n_nonfinite_mismatch) {
-        en->kind = FO_NONFINITE;
-        set_at(en, &c->md, first_mismatch);
-        en->val_a = fm_a, en->val_b = fm_b;
-        int a_bad = !isfinite(fm_a);
-        double bad = a_bad ? fm_a : fm_b, other = a_bad ? fm_b : fm_a;
-        char ob[48], co[96];
-        if (isfinite(other)) snprintf(ob, sizeof ob, "is finite (%.6g)", other);
-        else snprintf(ob, sizeof ob, "holds %s", nonfinite_word(other));
-        fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
-        en->msg = fo_strdupf("%s in %s where %s %s at %s%s%s%s: %lld such element%s (NaN A/B %lld/%lld, Inf A/B %lld/%lld)",
-                            nonfinite_word(bad), a_bad ? "A" : "B", a_bad ? "B" : "A", ob, co, en->where[0] ? " (" : "",
-                            en->where, en->where[0] ? ")" : "", (long long)en->st.n_nonfinite_mismatch,
-                            en->st.n_nonfinite_mismatch == 1 ? "" : "s", (long long)en->st.nan_a,
-                            (long long)en->st.nan_b, (long long)en->st.inf_a, (long long)en->st.inf_b);
-        if (use_shard) en->ranks = nf_ranks;
-    } else if (!fo_stats_all_finite(&en->st)) {
-        /* The same NaN/Inf at the same places on both sides: the two runs agree on being broken.
-         * That is not a pass (two all-NaN dumps would otherwise PASS). */
-        en->kind = FO_NONFINITE;
-        set_at(en, &c->md, first_nf);
-        en->val_a = fn_a, en->val_b = fn_b;
-        char co[96];
-        fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
-        en->msg = fo_strdupf("non-finite on both sides: %s in A and B at the same places, first at %s%s%s%s (NaN A/B "
-                             "%lld/%lld, Inf A/B %lld/%lld); a tensor holding NaN/Inf never passes",
-                             nonfinite_word(fn_a), co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
-                             (long long)en->st.nan_a, (long long)en->st.nan_b, (long long)en->st.inf_a,
-                             (long long)en->st.inf_b);
-        if (use_shard) en->ranks = nf_ranks;
-    } else {
-        set_at(en, &c->md, en->st.argmax);
-        if (!pass) {
-            en->kind = FO_TOL;
-            char co[96], why[256];
-            fo_coords_str(en->ndim_a, en->coords, co, sizeof co);
-            double mr = fo_stats_max_rel(&en->st);
-            if (en->has_truth) {
-                double ma = fo_stats_max_rel(&en->st_a_truth), mb = fo_stats_max_rel(&en->st_b_truth);
-                if (!(en->st_a_truth.rel_l2 <= tol.m_rel * en->st_b_truth.rel_l2 + tol.rtol / 10))
-                    snprintf(why, sizeof why, "rel L2 vs truth: A %.3g > %g x B %.3g + %.3g", en->st_a_truth.rel_l2,
-                             tol.m_rel, en->st_b_truth.rel_l2, tol.rtol / 10);
-                else
-                    snprintf(why, sizeof why, "max rel vs truth: A %.3g > %g x B %.3g + %.3g", ma, tol.m_max, mb,
-                             tol.mtol / 10);
-            } else if (!(en->st.rel_l2 <= tol.rtol)) {
-                snprintf(why, sizeof why, "rel L2 %.3g > rtol %.3g (max rel %.3g)", en->st.rel_l2, tol.rtol, mr);
-            } else {
-                snprintf(why, sizeof why, "max rel %.3g > mtol %.3g (rel L2 %.3g within rtol %.3g)", mr, tol.mtol,
-                         en->st.rel_l2, tol.rtol);
-            }
-            en->msg = fo_strdupf("out of tolerance: %s; max|A-B| %.3g at %s%s%s%s, A %.9g vs B %.9g; cosine %.9f", why,
-                                en->st.max_abs, co, en->where[0] ? " (" : "", en->where, en->where[0] ? ")" : "",
-                                en->val_a, en->val_b, en->st.cosine);
-            if (use_shard) {
-                /* Ranks whose own elements would fail the max rel criterion (max|Δ| > mtol ·
-                 * max|B|); if none alone does (a diffuse rel-L2 failure), the owner of the
-                 * largest difference. */
-                double thr = tol.mtol > 0 ? tol.mtol * en->st.max_abs_b : 0.1 * en->st.max_abs;
-                if (thr < tol.atol) thr = tol.atol;
-                for (int r = 0; r < FO_MAX_RANKS; r++)
-                    if (rank_max[r] > thr) en->ranks |= (uint64_t)1 << r;
-                if (!en->ranks && en->at >= 0) en->ranks = fo_shard_owner(&shard, ia.ndim, en->coords);
-            }
-        }
+    fo_diff_judge(en, &c->md, tol, pass, first_mismatch, fm_a, fm_b, first_nf, fn_a, fn_b);
+    if (use_shard && (en->kind == FO_NONFINITE)) en->ranks = nf_ranks;
+    if (use_shard && en->kind == FO_TOL) {
+        /* Ranks whose own elements would fail the max rel criterion (max|Δ| > mtol ·
+         * max|B|); if none alone does (a diffuse rel-L2 failure), the owner of the largest
+         * difference. */
+        double thr = tol.mtol > 0 ? tol.mtol * en->st.max_abs_b : 0.1 * en->st.max_abs;
+        if (thr < tol.atol) thr = tol.atol;
+        for (int r = 0; r < FO_MAX_RANKS; r++)
+            if (rank_max[r] > thr) en->ranks |= (uint64_t)1 << r;
+        if (!en->ranks && en->at >= 0) en->ranks = fo_shard_owner(&shard, ia.ndim, en->coords);
     }
     if (pass && en->kind == FO_PASS && use_shard) en->ranks = 0;
 out:
     return rc;
 }
 
+void fo_diff_setup(fo_report *r, const fo_diff_opts *o, fo_file *a, fo_file *b, int with_truth)
+{
+    r->tol = o->tol_given ? o->tol
+                          : fo_tolerance_looser(fo_tolerance_default(fo_file_dtype(a)),
+                                                fo_tolerance_default(fo_file_dtype(b)));
+    /* the arbiter's multipliers: the dtypes' (bf16: measured, docs/bf16.md), or --multiplier for both */
+    r->tol.m_rel = fo_tolerance_m_rel(r->tol);
+    r->tol.m_max = fo_tolerance_m_max(r->tol);
+    if (o->multiplier > 0) r->tol.m_rel = r->tol.m_max = o->multiplier;
+    r->multiplier = r->tol.m_rel;
+    r->with_truth = with_truth;
+    r->narrowed = o->modules != NULL || o->steps != NULL;
+}
+
 /* The two files must describe one model; a malformed config is an error of that file. */
-static int same_model(fo_file *a, fo_file *b, fs_err *e)
+int fo_same_model(fo_file *a, fo_file *b, fs_err *e)
 {
     int same = 0;
     char why[600];
@@ -329,20 +348,11 @@ static int modules_decl(fo_file *f, const fo_walk_group *wg, const char *gpath, 
 int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, fo_report *r, fs_err *e)
 {
     fo_report_init(r, FO_MODE_DIFF);
-    r->tol = o->tol_given ? o->tol
-                          : fo_tolerance_looser(fo_tolerance_default(fo_file_dtype(a)),
-                                                fo_tolerance_default(fo_file_dtype(b)));
-    /* the arbiter's multipliers: the dtypes' (bf16: measured, docs/bf16.md), or --multiplier for both */
-    r->tol.m_rel = fo_tolerance_m_rel(r->tol);
-    r->tol.m_max = fo_tolerance_m_max(r->tol);
-    if (o->multiplier > 0) r->tol.m_rel = r->tol.m_max = o->multiplier;
-    r->multiplier = r->tol.m_rel;
-    r->with_truth = truth != NULL;
-    r->narrowed = o->modules != NULL || o->steps != NULL;
+    fo_diff_setup(r, o, a, b, truth != NULL);
     /* What makes a comparison meaningless is refused before anything is read: different models,
      * and files whose producer did not finish. */
-    int rc = same_model(a, b, e);
-    if (!rc && truth) rc = same_model(b, truth, e);
+    int rc = fo_same_model(a, b, e);
+    if (!rc && truth) rc = fo_same_model(b, truth, e);
     char *note_a = NULL, *note_b = NULL;
     if (!rc) rc = fo_require_complete(a, o->allow_partial, &note_a, e);
     if (!rc) rc = fo_require_complete(b, o->allow_partial, &note_b, e);

@@ -50,13 +50,46 @@ int fo_diff_run(fo_file *a, fo_file *b, fo_file *truth, const fo_diff_opts *o, f
  * without `parallel`/`rank`, two files of one rank, no sharding map, a partial file (unless
  * o->allow_partial), configs that differ. o->modules / o->steps narrow as in diff. */
 int fo_consistency_run(fo_file **files, int n, const fo_diff_opts *o, fo_report *r, fs_err *e);
+/* The same with a global reference `ref` (may be NULL). Where a replicated tensor's copies split
+ * into groups of identical copies, nobody is blamed by majority: without `ref` the entry's ranks
+ * are every rank and its message gives the split ("ranks 0 | 1, 2, 3 hold 2 different copies");
+ * with `ref` each group's copy is compared with ref's tensor (r->tol, as diff) and the ranks are
+ * the groups that fail ("ranks 1, 2, 3 differ from the reference; rank 0 agrees with it"); if no
+ * group fails, or every group does, the message says so and the ranks are every rank. */
+int fo_consistency_ref_run(fo_file **files, int n, fo_file *ref, const fo_diff_opts *o, fo_report *r, fs_err *e);
 
 /* flux-oracle stats: per dataset min/max/mean/std/NaN/Inf, in execution order. Errors: a partial
  * file (unless o->allow_partial; then r->partial_note says so), a malformed `config`. o may be
  * NULL (defaults); only block_elems, allow_partial, modules and steps are used. */
 int fo_stats_run(fo_file *a, const fo_diff_opts *o, fo_stat_report *r, fs_err *e);
 
+/* Per-rank dumps against a global reference (flux-oracle diff DIR REF.h5, fo_rankdiff.c): every
+ * rank's datasets compared with the slice of B that the file's own `parallel` sharding map
+ * places them at (token shards of one or more intervals, feature shards, split on several axes,
+ * replicated, or no entry and B's shape: compared whole). One entry per dataset: its metrics
+ * are over every rank's piece together; it fails when they fail or when one rank's piece alone
+ * would fail the tolerance measured against the whole reference tensor (max|A_r-B| against
+ * max|B|, ||A_r-B|| against ||B||); its ranks are those pieces (else the owner of the largest
+ * difference). Names under `partial` (sums before a reduction) are not comparable per rank:
+ * FO_EMPTY entries saying so. Same errors as fo_diff_run, plus: a file that is not a per-rank
+ * dump, two files of one rank, ranks of different worlds, a rank lacking a name rank 0 holds,
+ * a piece its map cannot place in B. No --truth. ranks[i]: the rank files, any order. */
+int fo_rank_diff_run(fo_file **ranks, int n, fo_file *b, const fo_diff_opts *o, fo_report *r, fs_err *e);
+
 /* ---- pieces shared by the three runs ---- */
+
+/* r->tol (o's, or the looser of a's and b's dtype defaults), the arbiter's multipliers,
+ * with_truth, narrowed: what a diff applies. */
+void fo_diff_setup(fo_report *r, const fo_diff_opts *o, fo_file *a, fo_file *b, int with_truth);
+/* FS_E_INPUT "A and B are dumps of different models (...)" or a malformed config's error. */
+int fo_same_model(fo_file *a, fo_file *b, fs_err *e);
+/* The verdict of one entry whose en->st (and, with truth, st_a_truth / st_b_truth) are filled,
+ * en->shape_a / ndim_a the shape its flat indices refer to and en->val_a / val_b the values at
+ * en->st.argmax: sets kind, at, coords, where and the one-line msg. pass: the tolerance rule's
+ * answer; first_mismatch / fm_*: the first NaN/Inf facing another value and the two values;
+ * first_nf / fn_*: the first non-finite value (for NaN on both sides). */
+void fo_diff_judge(fo_entry *en, const fo_model_dims *md, fo_tolerance tol, int pass, int64_t first_mismatch,
+                   double fm_a, double fm_b, int64_t first_nf, double fn_a, double fn_b);
 
 /* FS_OK when f is complete, or partial and allow_partial (then *note, if note is non-NULL, gets
  * a malloc'ed "F is partial (...): compared what is there"); FS_E_INPUT "F: partial dump (last

@@ -168,3 +168,102 @@ int fo_parallel_rank(const char *parallel)
     cJSON_Delete(root);
     return r;
 }
+
+void fo_piece_free(fo_piece *p)
+{
+    if (!p) return;
+    for (int i = 0; i < p->naxes; i++) free(p->g[i]);
+    memset(p, 0, sizeof *p);
+}
+
+static int piece_axis(const cJSON *obj, int rank, int ndim, fo_piece *p, const char *origin, const char *name,
+                      fs_err *e)
+{
+    const cJSON *dim = cJSON_GetObjectItemCaseSensitive(obj, "dim");
+    const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(obj, "ranges");
+    if (!cJSON_IsNumber(dim) || !cJSON_IsArray(ranges))
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: needs \"dim\" (number) and \"ranges\" (array)", origin,
+                       name);
+    double dd = dim->valuedouble;
+    int d = dd == floor(dd) && dd >= -FO_SHARD_MAX_DIMS && dd < FO_SHARD_MAX_DIMS ? (int)dd : FO_SHARD_MAX_DIMS;
+    if (d < 0) d += ndim;
+    if (d < 0 || d >= ndim)
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: dim %g outside a %d-d tensor", origin, name, dd, ndim);
+    for (int i = 0; i < p->naxes; i++)
+        if (p->axis[i] == d) return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: axis %d split twice", origin, name, d);
+    if (p->naxes >= FO_SHARD_MAX_DIMS)
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: too many split axes", origin, name);
+    if (rank < 0 || rank >= cJSON_GetArraySize(ranges))
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: no ranges for rank %d (%d listed)", origin, name, rank,
+                       cJSON_GetArraySize(ranges));
+    int64_t len = 0, gext = 0;
+    const cJSON *rr, *iv;
+    int r = 0;
+    cJSON_ArrayForEach(rr, ranges)
+    {
+        if (!cJSON_IsArray(rr))
+            return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] is not a list of [a, b)", origin, name, r);
+        cJSON_ArrayForEach(iv, rr)
+        {
+            int64_t lo, hi;
+            if (!cJSON_IsArray(iv) || cJSON_GetArraySize(iv) != 2 || !whole(cJSON_GetArrayItem(iv, 0), &lo) ||
+                !whole(cJSON_GetArrayItem(iv, 1), &hi) || lo > hi)
+                return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] holds something other than [a, b] "
+                               "(whole numbers from 0, a <= b)", origin, name, r);
+            if (hi > gext) gext = hi;
+            if (r == rank) len += hi - lo;
+        }
+        r++;
+    }
+    const int k = p->naxes;
+    int64_t *g = malloc((len ? (size_t)len : 1) * sizeof *g);
+    if (!g) return fs_errf(e, FS_E_NOMEM, "%s: sharding entry %s: out of memory", origin, name);
+    int64_t o = 0;
+    cJSON_ArrayForEach(iv, cJSON_GetArrayItem(ranges, rank))
+    {
+        int64_t lo = 0, hi = 0;
+        whole(cJSON_GetArrayItem(iv, 0), &lo);
+        whole(cJSON_GetArrayItem(iv, 1), &hi);
+        for (int64_t c = lo; c < hi; c++) g[o++] = c;
+    }
+    p->axis[k] = d, p->len[k] = len, p->gext[k] = gext, p->g[k] = g;
+    p->naxes++;
+    return FS_OK;
+}
+
+int fo_piece_from_json(const cJSON *root, const char *name, int rank, int ndim, fo_piece *p, int *found,
+                       const char *origin, fs_err *e)
+{
+    memset(p, 0, sizeof *p);
+    *found = 0;
+    const cJSON *sh = root ? cJSON_GetObjectItemCaseSensitive(root, "sharding") : NULL;
+    const cJSON *ent = cJSON_IsObject(sh) ? cJSON_GetObjectItemCaseSensitive(sh, name) : NULL;
+    if (!ent) return FS_OK;
+    if (cJSON_IsString(ent) && !strcmp(ent->valuestring, "replicated")) {
+        p->replicated = 1;
+        *found = 1;
+        return FS_OK;
+    }
+    if (!cJSON_IsObject(ent))
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s is neither \"replicated\" nor an object", origin, name);
+    const cJSON *dims = cJSON_GetObjectItemCaseSensitive(ent, "dims");
+    int rc = FS_OK;
+    if (cJSON_IsArray(dims)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, dims)
+        {
+            if ((rc = piece_axis(it, rank, ndim, p, origin, name, e))) break;
+        }
+    } else {
+        rc = piece_axis(ent, rank, ndim, p, origin, name, e);
+    }
+    if (rc) fo_piece_free(p);
+    else *found = 1;
+    return rc;
+}
+
+int fo_parallel_partial(const cJSON *root, const char *name)
+{
+    const cJSON *pm = root ? cJSON_GetObjectItemCaseSensitive(root, "partial") : NULL;
+    return cJSON_IsObject(pm) && cJSON_GetObjectItemCaseSensitive(pm, name) != NULL;
+}

@@ -2,7 +2,9 @@
  *
  *   flux-oracle diff A.h5 B.h5 [--truth REF64.h5]   A = candidate, B = reference
  *   flux-oracle stats A.h5
- *   flux-oracle consistency r0.h5 r1.h5 ...
+ *   flux-oracle consistency r0.h5 r1.h5 ... | DIR [--ref REF.h5]
+ *   flux-oracle diff DIR REF.h5 | diff r0.h5 r1.h5 ... REF.h5    per-rank dumps vs a global one
+ *   flux-oracle assemble DIR | r0.h5 r1.h5 ... -o GLOBAL.h5
  *
  * The engine is oracle/fo_diff.h; this file parses arguments and renders its reports as a table,
  * one line (-q), JSON (--json), JUnit XML (--junit) or an HTML page with an SVG plot (--html).
@@ -18,9 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fo_assemble.h"
 #include "fo_diff.h"
 #include "fo_render.h"
 
@@ -145,9 +149,19 @@ static void install_guard(void)
 static void usage(FILE *o)
 {
     fputs("usage: flux-oracle diff A.h5 B.h5 [options]      compare two dumps (A candidate, B reference)\n"
+          "       flux-oracle diff DIR B.h5 [options]       per-rank dumps (DIR/rank_<r>.h5, or R0.h5 R1.h5\n"
+          "       flux-oracle diff R0.h5 R1.h5 ... B.h5     ...) against a global reference: each rank's\n"
+          "                                                 piece against the slice its sharding map names\n"
           "       flux-oracle stats A.h5 [options]          min/max/mean/std/NaN/Inf per dataset\n"
-          "       flux-oracle consistency R0.h5 R1.h5 ...   per-rank dumps: replicated tensors must be\n"
-          "                                                 bitwise identical on every rank\n"
+          "       flux-oracle consistency DIR | R0.h5 R1.h5 ... [--ref B.h5]\n"
+          "                                                 per-rank dumps: replicated tensors must be\n"
+          "                                                 bitwise identical on every rank; with --ref the\n"
+          "                                                 ranks differing from B are named, without it\n"
+          "                                                 the split (which ranks agree with which)\n"
+          "       flux-oracle assemble DIR | R0.h5 ... -o OUT.h5\n"
+          "                                                 one global dump from every rank's dump\n"
+          "  -o, --output FILE assemble: the global dump to write (via FILE.tmp.PID, renamed)\n"
+          "  --ref B.h5        consistency: the reference that decides which ranks are wrong\n"
           "\n"
           "Datasets are walked in execution order (/inputs, each step's `order`, /final) and the\n"
           "first divergent one is reported, with the ranks owning it when a `parallel` attribute\n"
@@ -201,7 +215,12 @@ typedef struct opts {
     const char *cmd;
     const char *files[FO_MAX_RANKS];
     int nfiles;
-    const char *truth, *html, *junit;
+    const char *truth, *html, *junit, *output, *ref;
+    /* diff of per-rank dumps: the rank files (expanded from DIR) and what reports call A */
+    int per_rank, from_dir, per_rank_n;
+    char *label_a;
+    fo_names expanded;      /* paths read from a folder (owned) */
+    const char *shown[2];
     int quiet, json, strict, color;
     fo_diff_opts d;
     fo_globs globs;         /* --modules (owned) */
@@ -215,6 +234,8 @@ static void opts_free(opts *o)
 {
     fo_globs_free(&o->globs);
     fo_steps_free(&o->steps);
+    fo_names_free(&o->expanded);
+    free(o->label_a);
 }
 
 static int g_out_errno;
@@ -276,6 +297,8 @@ static int parse_args(int argc, char **argv, opts *o, char *err, size_t en)
         else if (!strcmp(a, "--strict")) o->strict = 1;
         else if (!strcmp(a, "--allow-partial")) o->d.allow_partial = 1;
         else if (!strcmp(a, "--junit")) { NEED_VAL; o->junit = val; }
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED_VAL; o->output = val; }
+        else if (!strcmp(a, "--ref")) { NEED_VAL; o->ref = val; }
         else if (!strcmp(a, "--steps")) {
             NEED_VAL;
             char why[256];
@@ -315,12 +338,24 @@ static int parse_args(int argc, char **argv, opts *o, char *err, size_t en)
 #undef NUM
 #undef NEED_VAL
     }
-    if (!o->cmd) { snprintf(err, en, "no command: diff, stats or consistency (see --help)"); return -1; }
-    int want = !strcmp(o->cmd, "diff") ? 2 : !strcmp(o->cmd, "stats") ? 1 : !strcmp(o->cmd, "consistency") ? -2 : 0;
-    if (!want) { snprintf(err, en, "unknown command '%s': diff, stats or consistency (see --help)", o->cmd); return -1; }
-    if ((want > 0 && o->nfiles != want) || (want < 0 && o->nfiles < 2)) {
-        snprintf(err, en, "%s takes %s file%s, got %d", o->cmd, want == 2 ? "two" : want == 1 ? "one" : "two or more",
-                 want == 1 ? "" : "s", o->nfiles);
+    if (!o->cmd) { snprintf(err, en, "no command: diff, stats, consistency or assemble (see --help)"); return -1; }
+    /* diff: two files, or per-rank dumps (a folder, or several files) then the reference;
+     * consistency and assemble: a folder or two or more rank files */
+    const int is_diff = !strcmp(o->cmd, "diff"), is_cons = !strcmp(o->cmd, "consistency"),
+              is_asm = !strcmp(o->cmd, "assemble");
+    int want = is_diff ? -2 : !strcmp(o->cmd, "stats") ? 1 : is_cons || is_asm ? -1 : 0;
+    if (!want) { snprintf(err, en, "unknown command '%s': diff, stats, consistency or assemble (see --help)", o->cmd); return -1; }
+    if ((want > 0 && o->nfiles != want) || (want < 0 && o->nfiles < -want)) {
+        snprintf(err, en, "%s takes %s, got %d file%s", o->cmd,
+                 is_diff ? "two files (or per-rank dumps and a reference)" : want == 1 ? "one file" : "a folder or rank files",
+                 o->nfiles, o->nfiles == 1 ? "" : "s");
+        return -1;
+    }
+    if (o->output && !is_asm) { snprintf(err, en, "-o/--output applies to assemble only"); return -1; }
+    if (is_asm && !o->output) { snprintf(err, en, "assemble needs -o GLOBAL.h5"); return -1; }
+    if (o->ref && !is_cons) { snprintf(err, en, "--ref applies to consistency only (diff takes the reference as its last file)"); return -1; }
+    if (is_asm && (o->json || o->html || o->junit || o->quiet || o->strict || o->d.modules || o->d.steps || o->d.allow_partial)) {
+        snprintf(err, en, "assemble takes only its rank files and -o");
         return -1;
     }
     if (o->truth && strcmp(o->cmd, "diff")) { snprintf(err, en, "--truth applies to diff only"); return -1; }
@@ -556,6 +591,8 @@ static void print_diff_json(const fo_report *r, const opts *o)
     cJSON *files = cJSON_CreateArray();
     for (int i = 0; i < o->nfiles; i++) cJSON_AddItemToArray(files, cJSON_CreateString(o->files[i]));
     cJSON_AddItemToObject(root, "files", files);
+    if (o->per_rank) cJSON_AddBoolToObject(root, "per_rank", 1);
+    if (o->ref) cJSON_AddStringToObject(root, "reference", o->ref);
     if (o->truth) cJSON_AddStringToObject(root, "truth", o->truth);
     cJSON *tol = cJSON_CreateObject();
     cJSON_AddNumberToObject(tol, "rtol", r->tol.rtol);
@@ -602,7 +639,8 @@ typedef struct report_file {
 
 static fo_render_ctx render_ctx(const opts *o)
 {
-    return (fo_render_ctx){.files = o->files, .nfiles = o->nfiles, .truth = o->truth, .strict = o->strict,
+    return (fo_render_ctx){.files = o->per_rank ? o->shown : o->files, .nfiles = o->per_rank ? 2 : o->nfiles,
+                           .truth = o->truth, .strict = o->strict,
                            .verdict = o->verdict, .why = o->why};
 }
 
@@ -819,6 +857,69 @@ static int finish(int status)
     return status;
 }
 
+/* Folders of rank files become their rank_<r>.h5 (diff: every argument but the reference); a
+ * diff of several files, or of one per-rank file against a global dump, compares per rank. */
+static int expand_ranks(opts *o)
+{
+    const int diff = !strcmp(o->cmd, "diff");
+    if (!diff && strcmp(o->cmd, "consistency") && strcmp(o->cmd, "assemble")) return 0;
+    const int nr = diff ? o->nfiles - 1 : o->nfiles; /* rank arguments */
+    const char *out[FO_MAX_RANKS + 1];
+    int n = 0;
+    fs_err e = {0};
+    struct stat sb;
+    for (int i = 0; i < nr; i++) {
+        if (stat(o->files[i], &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            if (nr != 1) return die("give one folder of rank files, or the rank files themselves, not both");
+            if (fo_rank_dir(o->files[i], &o->expanded, &e)) return die(e.msg);
+            if (o->expanded.n > FO_MAX_RANKS) return die("too many rank files (at most 64)");
+            for (int k = 0; k < o->expanded.n; k++) out[n++] = o->expanded.v[k];
+            o->from_dir = 1;
+            o->label_a = strdup(o->files[i]);
+        } else {
+            out[n++] = o->files[i];
+        }
+    }
+    if (diff) out[n++] = o->files[nr];
+    if (n > FO_MAX_RANKS) return die("too many files (at most 64)");
+    o->per_rank_n = diff ? n - 1 : n;
+    if (diff && n == 2 && !o->from_dir) {
+        /* one per-rank file against a global dump: per rank; two of either kind: as before */
+        fo_file *a = NULL, *b = NULL;
+        int ra = -1, rb = -1;
+        if (!fo_file_open(&a, out[0], &e) && !fo_file_open(&b, out[1], &e))
+            ra = fo_parallel_rank(fo_file_parallel(a)), rb = fo_parallel_rank(fo_file_parallel(b));
+        fo_file_close(a), fo_file_close(b);
+        o->per_rank = ra >= 0 && rb < 0;
+    } else if (diff) {
+        o->per_rank = 1;
+    }
+    for (int i = 0; i < n; i++) o->files[i] = out[i];
+    o->nfiles = n;
+    if (o->per_rank && !o->label_a)
+        o->label_a = o->per_rank_n == 1 ? strdup(o->files[0])
+                                        : fo_strdupf("%s ... %s (%d rank files)", o->files[0], o->files[o->per_rank_n - 1],
+                                                     o->per_rank_n);
+    if (o->per_rank && !o->label_a) return die("out of memory");
+    o->shown[0] = o->label_a, o->shown[1] = o->files[o->nfiles - 1];
+    return 0;
+}
+
+static int run_assemble(opts *o)
+{
+    fs_err e = {0};
+    fo_file *files[FO_MAX_RANKS] = {0};
+    int rc = 0;
+    for (int i = 0; i < o->nfiles && !rc; i++) rc = fo_file_open(&files[i], o->files[i], &e);
+    if (!rc) rc = fo_assemble(files, o->nfiles, o->output, &e);
+    for (int i = 0; i < o->nfiles; i++) fo_file_close(files[i]);
+    if (rc) return die(e.msg);
+    printf("assembled %d rank files into %s\n", o->nfiles, o->output);
+    fflush(stdout);
+    note_stdout();
+    return 0;
+}
+
 static int run(opts *o, const style *st)
 {
     if (!strcmp(o->cmd, "stats")) {
@@ -833,12 +934,20 @@ static int run(opts *o, const style *st)
     fo_report r;
     fo_report_init(&r, FO_MODE_DIFF);
     const int diff = !strcmp(o->cmd, "diff");
+    fo_file *ref = NULL;
+    if (!rc && o->ref) rc = fo_file_open(&ref, o->ref, &e);
+    if (!rc && o->from_dir) rc = fo_ranks_complete(files, o->per_rank_n, &e);
+    if (!rc && o->per_rank && o->truth) rc = fs_errf(&e, FS_E_INPUT, "--truth is not supported with per-rank dumps");
     if (!rc) {
-        if (diff) {
+        if (diff && o->per_rank) {
+            resolve_tol(o, files[0], files[o->nfiles - 1]);
+            rc = fo_rank_diff_run(files, o->nfiles - 1, files[o->nfiles - 1], &o->d, &r, &e);
+        } else if (diff) {
             resolve_tol(o, files[0], files[1]);
             rc = fo_diff_run(files[0], files[1], truth, &o->d, &r, &e);
         } else {
-            rc = fo_consistency_run(files, o->nfiles, &o->d, &r, &e);
+            if (ref) resolve_tol(o, files[0], ref);
+            rc = fo_consistency_ref_run(files, o->nfiles, ref, &o->d, &r, &e);
         }
     }
     int status;
@@ -855,7 +964,8 @@ static int run(opts *o, const style *st)
         if (nrf && !stdout_failed() && write_reports(rf, nrf, &r, o, e.msg, &we))
             fprintf(stderr, "flux-oracle: error: %s\n", fs_printable(we.msg, (char[1100]){0}, 1100, 1023));
     } else {
-        o->verdict = fo_report_verdict(&r, o->strict, o->files[0], diff ? o->files[1] : NULL, o->why, sizeof o->why);
+        o->verdict = fo_report_verdict(&r, o->strict, o->per_rank ? o->label_a : o->files[0],
+                                       diff ? o->files[o->nfiles - 1] : NULL, o->why, sizeof o->why);
         status = (int)o->verdict;
         errno = 0;
         if (o->json) print_diff_json(&r, o);
@@ -870,6 +980,7 @@ static int run(opts *o, const style *st)
     fo_report_free(&r);
     for (int i = 0; i < o->nfiles; i++) fo_file_close(files[i]);
     fo_file_close(truth);
+    fo_file_close(ref);
     return status;
 }
 
@@ -901,6 +1012,15 @@ int main(int argc, char **argv)
         return die(err);
     }
     install_guard();
+    if (expand_ranks(&o)) {
+        opts_free(&o);
+        return finish(2);
+    }
+    if (!strcmp(o.cmd, "assemble")) {
+        int status = run_assemble(&o);
+        opts_free(&o);
+        return finish(status);
+    }
     int color = want_color(&o);
     style st = color ? (style){"\033[1;31m", "\033[1m", "\033[2m", "\033[0m"} : (style){"", "", "", ""};
     int status = run(&o, &st);
