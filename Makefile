@@ -19,7 +19,7 @@ PKGS    := openblas hdf5-openmpi libcjson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
 # STATIC_DEPS=1: OpenBLAS and HDF5 (with its szip/aec/zlib) from Debian's static archives, the
-# rest (MPI, cJSON, gfortran) dynamic: the binaries tools/gpu-bundle.sh carries to a machine
+# rest (MPI, cJSON, gfortran) dynamic: the binaries tools/gpu/gpu-bundle.sh carries to a machine
 # without those libraries (docs/gpu.md). Use with a separate build folder: B=build/static.
 ifeq ($(STATIC_DEPS),1)
 PKG_LIBS := $(shell pkg-config --libs-only-L $(PKGS)) -Wl,-Bstatic -lopenblas -lhdf5 -lsz -laec -lz -Wl,-Bdynamic \
@@ -30,7 +30,7 @@ CMOCKA_LIBS   := $(shell pkg-config --libs cmocka)
 
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g -march=x86-64-v2
-# sim/ is layered, lowest first (docs/design.md; tools/include-graph.py checks the arrows):
+# sim/ is layered, lowest first (docs/design.md; tools/ci/include-graph.py checks the arrows):
 #   base -> backend -> parallel -> weights -> model -> run, and the CLI sim/main_flux_sim.c on top
 SIM_DIRS := base backend parallel weights model run
 INC      := $(addprefix -Isim/,$(SIM_DIRS)) -Ioracle
@@ -118,8 +118,8 @@ $(B)/flux-sim: $(B)/sim/main_flux_sim.o $(LIB)
 $(B)/flux-oracle: $(B)/oracle/main_flux_oracle.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-# tools/make_checkpoint.c: synthetic weights written as a real checkpoint (docs/scale.md)
-$(B)/make-checkpoint: tools/make_checkpoint.c $(LIB) $(HDRS)
+# tools/gen/make_checkpoint.c: synthetic weights written as a real checkpoint (docs/scale.md)
+$(B)/make-checkpoint: tools/gen/make_checkpoint.c $(LIB) $(HDRS)
 	$(CC) $(CFLAGS) $< $(LIB) -o $@ $(LDLIBS)
 
 $(B)/tests/%: tests/%.c $(LIB) $(HDRS) tests/test_util.h
@@ -135,17 +135,17 @@ $(TEST_BIN): | $(B)/flux-sim $(ORACLE_BIN) $(B)/make-checkpoint
 # Tests run from the repo root; they find ../shared/reference through FLUX_REFERENCE_DIR
 # (default: ../shared/reference) and report SKIPPED loudly when it is absent.
 test: all
-	@tools/run-tests.sh
+	@tools/ci/run-tests.sh
 
 bench: all
 	@tools/run-bench.sh
 
 golden: $(B)/flux-sim
-	@tools/make-golden.sh
+	@tools/gen/make-golden.sh
 
 # Detection matrix (bug x layout -> first divergence) from real runs: docs/detection-matrix.md
 matrix: all
-	@tools/detection-matrix.sh > docs/detection-matrix.md.tmp && mv docs/detection-matrix.md.tmp docs/detection-matrix.md
+	@tools/gen/detection-matrix.sh > docs/detection-matrix.md.tmp && mv docs/detection-matrix.md.tmp docs/detection-matrix.md
 	@echo "wrote docs/detection-matrix.md"
 
 # GPU conformance and runs (docs/gpu.md): per-op checks against the CPU backend, the reference
@@ -155,7 +155,7 @@ $(B)/gpu_check: tests/gpu/gpu_check.c $(LIB) $(HDRS) $(GPU_HDRS)
 	$(CC) $(CFLAGS) $(GPU_DEFS) $< $(LIB) -o $@ $(LDLIBS)
 
 gpu-check: $(B)/flux-sim $(ORACLE_BIN) $(B)/gpu_check $(B)/bench_forward
-	@BACKEND=$(or $(BACKEND),$(if $(filter hip,$(GPU)),hip,cuda)) tools/gpu-check.sh
+	@BACKEND=$(or $(BACKEND),$(if $(filter hip,$(GPU)),hip,cuda)) tools/gpu/gpu-check.sh
 
 # flux-box: the four programs above in one executable (one copy of the static OpenBLAS/HDF5 in
 # the GPU bundle); each main compiled from its own source with -Dmain=NAME_main.
@@ -172,17 +172,17 @@ $(B)/box/gpu_check.o: tests/gpu/gpu_check.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
 $(B)/box/bench_forward.o: tools/bench_forward.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(GPU_DEFS) -O3 -Dmain=bench_forward_main -c $< -o $@
-$(B)/flux-box: tools/flux_box.c $(BOX_OBJ) $(LIB)
+$(B)/flux-box: tools/gpu/flux_box.c $(BOX_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $< $(BOX_OBJ) $(LIB) -o $@ $(LDLIBS)
 
 # One relocatable folder (binaries + Open MPI runtime) for a GPU machine without MPI, OpenBLAS
-# or HDF5: tools/gpu-bundle.sh (OUT=dir, default build/bundle).
+# or HDF5: tools/gpu/gpu-bundle.sh (OUT=dir, default build/bundle).
 gpu-bundle:
-	@GPU=$(GPU) tools/gpu-bundle.sh
+	@GPU=$(GPU) tools/gpu/gpu-bundle.sh
 
 # the bundle + the reference subset, compressed, for the device tool (docs/gpu.md)
 gpu-pack:
-	@GPU=$(or $(GPU),cuda) tools/gpu-pack.sh
+	@GPU=$(or $(GPU),cuda) tools/gpu/gpu-pack.sh
 
 clean:
 	rm -rf $(B) build-san
@@ -217,12 +217,12 @@ $(FZ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(HDRS) $(wildcard tests/fuzz/*.h)
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BIN)
 fuzz: fuzz-build
-	@tools/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
+	@tools/ci/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
 
 # ---- sanitizers (docs/reliability.md) -------------------------------------------------------
 # `make sanitize`: everything rebuilt with ASan + UBSan (and float-cast-overflow, which gcc's
 # -fsanitize=undefined leaves out) in build-san/, then the whole test suite run on those binaries
-# (tools/run-sanitize.sh: any ASan, UBSan or LeakSanitizer report fails it). ~18 minutes on 2 cores.
+# (tools/ci/run-sanitize.sh: any ASan, UBSan or LeakSanitizer report fails it). ~18 minutes on 2 cores.
 # OPT, not CFLAGS: a command-line CFLAGS would replace -fopenmp -Isim/... (see CFLAGS above).
 SAN_B   := build-san
 SAN_OPT := -O1 -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer
@@ -230,10 +230,10 @@ SAN_OPT := -O1 -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-
 sanitize-build:
 	$(MAKE) B=$(SAN_B) OPT="$(SAN_OPT)" all
 sanitize: sanitize-build
-	@FLUX_BUILD=$(SAN_B) tools/run-sanitize.sh
+	@FLUX_BUILD=$(SAN_B) tools/ci/run-sanitize.sh
 # the bounded run CI does (~8 minutes): the input, error, fault and reader tests + the LSan mpirun pass
 sanitize-quick: sanitize-build
-	@FLUX_BUILD=$(SAN_B) FLUX_SANITIZE_QUICK=1 tools/run-sanitize.sh
+	@FLUX_BUILD=$(SAN_B) FLUX_SANITIZE_QUICK=1 tools/ci/run-sanitize.sh
 
 # valgrind of one single-rank run (memcheck, Open MPI suppressions): ~2 minutes, not in make test
 valgrind: $(B)/flux-sim

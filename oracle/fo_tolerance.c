@@ -8,7 +8,7 @@
  * 3.4e-13. The defaults sit 6.5x (rel_l2) and 4.5x (max_rel) above the float32 worst case, and
  * ~1700x / 3000x above the float64 one. bfloat16/float16 have no reference runs: they are scaled
  * from the format's epsilon (2^-8, 2^-11) and are a starting point, not a measurement. */
-/* bfloat16, measured (docs/bf16.md, tools/bf16_noise.py) over correct bf16 runs of both reference
+/* bfloat16, measured (docs/bf16.md, tools/gen/bf16_noise.py) over correct bf16 runs of both reference
  * configs — diffusers' own bf16 run and flux-sim's bf16 emulation under 11 parallel layouts and
  * all-reduce orders, 10,620 (run, step, dataset) comparisons:
  *   two bf16 runs apart: rel L2 at most 8.7e-3, max rel at most 2.0e-2 → rtol 3e-2, mtol 6e-2

@@ -76,7 +76,7 @@ static void usage(FILE *f)
             "                        loop (the numbers docs/parallel.md's communication table predicts)\n"
             "  --inject NAME         re-create a known silent parallel bug (repeatable; --inject list)\n"
             "  --break-on-divergence with --check: the rank where the divergence shows raises SIGTRAP inside\n"
-            "                        the layer that diverged (run under gdb; tools/flux-sim.gdb, docs/debugging.md)\n"
+            "                        the layer that diverged (run under gdb; tools/debug/flux-sim.gdb, docs/debugging.md)\n"
             "  --wait-for-debugger R rank R prints its pid and waits until a debugger attaches\n"
             "  --rtol X, --rtol-max X  --check tolerances (relative L2; max|d|/max|ref|) [by precision]\n"
             "\n"

@@ -5,7 +5,7 @@
 #      (float64 rule, rel L2 <= 1e-10) on every dataset;
 #   2. --precision bf16 replaying dump_bf16.h5: diffusers' bf16 run is accepted by the documented
 #      verdict `flux-oracle diff RUN.h5 SIM_BF16.h5 --truth SIM_FP64_MATCHED.h5`, and our error
-#      against the matched truth is the size of diffusers' (tools/bf16_noise.py, per module class);
+#      against the matched truth is the size of diffusers' (tools/gen/bf16_noise.py, per module class);
 #   3. every parallel layout of 2-4 ranks, bf16, --check: no false alarm (the arbiter against the
 #      matched float64 truth rank 0 records);
 #   4. correct parallel bf16 runs (TP, ring, Ulysses, TP with the all-reduce summed in another
@@ -40,7 +40,7 @@ for c in tiny odd; do
     ok "$c: diffusers' bf16 run passes 'flux-oracle diff RUN SIM_BF16 --truth MATCHED': $out"
   else bad "$c: diffusers' bf16 run vs our emulation: $out"; fi
   # its error and ours against the truth, per module class (the ratio is what the rule bounds)
-  $PY tools/bf16_noise.py "$T/$c-match.h5" "$T/$c-bf16.h5" "$RUN" >"$T/noise" 2>&1
+  $PY tools/gen/bf16_noise.py "$T/$c-match.h5" "$T/$c-bf16.h5" "$RUN" >"$T/noise" 2>&1
   worst=$(awk '$1 == "ALL" {print $5}' "$T/noise")
   if [ -n "$worst" ] && awk -v r="$worst" 'BEGIN {exit !(r < 1.5)}'; then
     ok "$c: diffusers' error vs the matched truth is at most ${worst}x ours (rel L2, worst dataset)"; sed 's/^/      /' "$T/noise"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real PyTorch bf16 runs, correct and buggy, judged by the documented bf16 verdict (docs/bf16.md,
-# "Judging a GPU bf16 run: three commands"). tools/torch_flux.py (an independent PyTorch FLUX with
+# "Judging a GPU bf16 run: three commands"). tools/torch/torch_flux.py (an independent PyTorch FLUX with
 # diffusers' module names; bf16 as a GPU computes it) runs the tiny and odd reference configs from
 # the reference weights and inputs, as tests/torch_flux.sh does, and each dump RUN.h5 is judged by
 #   flux-sim --weights W --inputs RUN.h5 --precision bf16 --dump SIM_BF16.h5
@@ -55,7 +55,7 @@ CASES=(
 
 # ---- the PyTorch bf16 runs, in one Python process (importing torch takes seconds) ----
 # OPENBLAS_CORETYPE / ATEN_CPU_CAPABILITY: the kernels the reference was made with (tests/torch_flux.sh)
-OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools $PY - "$REF" "$T" "${CASES[@]}" >"$T/py.out" 2>&1 <<'PY'
+OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools/torch $PY - "$REF" "$T" "${CASES[@]}" >"$T/py.out" 2>&1 <<'PY'
 import torch_flux as tf
 import sys, h5py, numpy as np
 REF, T, cases = sys.argv[1], sys.argv[2], [c.split("|") for c in sys.argv[3:]]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/debugging.md stays true: run its walkthrough (tools/gdb-walkthrough.sh) in gdb batch mode
+# docs/debugging.md stays true: run its walkthrough (tools/debug/gdb-walkthrough.sh) in gdb batch mode
 # and check that the rank where the injected divergence shows stops inside the layer that
 # diverged, with its tensor, the reference and the assembled tensor printed.
 . "$(dirname "$0")/lib.sh"
@@ -7,7 +7,7 @@ if ! command -v gdb >/dev/null; then skip_all "gdb not installed (tools/install-
 # each rank's gdb output in its own file (two processes' lines in one stream can interleave);
 # the report lines (mpirun's own and rank 0's stderr) come from the launcher's stream
 tmpdir gdbwt
-launcher=$(FLUX_WALKTHROUGH_OUT="$T/ranks" bash tools/gdb-walkthrough.sh 2>&1)
+launcher=$(FLUX_WALKTHROUGH_OUT="$T/ranks" bash tools/debug/gdb-walkthrough.sh 2>&1)
 out="$launcher"
 for r in 0 1; do
   for f in "$T"/ranks/*/rank."$r"/stdout "$T"/ranks/*/rank."$r"/stderr; do [ -f "$f" ] && out+=$'\n'"$(cat "$f")"; done
@@ -51,7 +51,7 @@ end
 GDB
 for v in "cpu fp32" "cpu bf16" "cpu-strict fp32"; do
   set -- $v
-  mpirun_per_rank "$T/r" 2 gdb -q -batch -x tools/flux-sim.gdb -x "$T/native.gdb" -ex 'set may-call-functions off' -ex run \
+  mpirun_per_rank "$T/r" 2 gdb -q -batch -x tools/debug/flux-sim.gdb -x "$T/native.gdb" -ex 'set may-call-functions off' -ex run \
         -ex 'set $l = dv->local' -ex 'set $r = dv->reference' \
         -ex 'fs-tensor $l' -ex 'fs-native-print $l 0 8' -ex 'fs-tensor $r 100 5' -ex 'fs-native-print $r 100 5' \
         --args "$SIM" --backend $1 --precision $2 --tp 2 --grid 5x7 --txt-len 13 --steps 2 \
@@ -67,8 +67,8 @@ for v in "cpu fp32" "cpu bf16" "cpu-strict fp32"; do
   fi
 done
 # the doc shows this very script
-if grep -qF 'tools/gdb-walkthrough.sh' docs/debugging.md && grep -qF -- '--inject missing-allreduce --break-on-divergence' docs/debugging.md; then
+if grep -qF 'tools/debug/gdb-walkthrough.sh' docs/debugging.md && grep -qF -- '--inject missing-allreduce --break-on-divergence' docs/debugging.md; then
   ok "docs/debugging.md quotes the walkthrough"
-else bad "docs/debugging.md does not quote tools/gdb-walkthrough.sh"; fi
+else bad "docs/debugging.md does not quote tools/debug/gdb-walkthrough.sh"; fi
 [ $fail -eq 0 ] || printf '%s\n' "$out" | tail -40
 finish

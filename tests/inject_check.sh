@@ -6,7 +6,7 @@
 # clean OK. The same runs without --inject pass (tests/parallel_check.sh). Model: the built-in
 # default (8 heads, guidance), 35 image + 13 text tokens (uneven shards), 2 steps, fp32.
 . "$(dirname "$0")/lib.sh"
-# bug | ranks | layout | expected "STEP MODULE RANKS-PATTERN" (tools/gpu-check.sh reads this table too)
+# bug | ranks | layout | expected "STEP MODULE RANKS-PATTERN" (tools/gpu/gpu-check.sh reads this table too)
 CASES=(
   "proj-out-contiguous|2|--tp 2|0 single_transformer_blocks.0.proj_out held by rank(s) 0, 1"
   "proj-out-contiguous|4|--tp 2 --ring 2|0 single_transformer_blocks.0.proj_out held by rank(s)"

@@ -3,7 +3,7 @@
 # which leaves it in the repository root (so `bash tests/X.sh` works from anywhere) with:
 #   ok MSG / bad MSG     count a pass / a failure and print "ok   MSG" / "FAIL MSG"
 #   skip MSG             print "*** SKIPPED MSG ***" (MSG says what did NOT run and why; the
-#                        runner, tools/run-tests.sh, reports every line holding SKIPPED)
+#                        runner, tools/ci/run-tests.sh, reports every line holding SKIPPED)
 #   skip_all MSG         skip, then finish: the whole test did not run
 #   finish               print the closing "N passed, N failed" and exit 0 when nothing failed,
 #                        else 1 (runs the test's cleanup through the EXIT trap)

@@ -6,7 +6,7 @@
  *     threads) gives the scalar reference's bits for every element, at any offset and length (odd
  *     starts are the sin half of a pair, odd ends the cos half), at 1 and 2 threads;
  *   - pinned values: a silent change of the definition fails here;
- *   - tools/fs_rng_ref.py, an independent numpy implementation of the definition, gives the same
+ *   - tools/gen/fs_rng_ref.py, an independent numpy implementation of the definition, gives the same
  *     bits;
  *   - the pieces (ln, cos/sin of 2 pi u) are within a few ulp of libm's long double ones;
  *   - the normals look normal: mean, variance, kurtosis, Kolmogorov-Smirnov over 10^6 values.
@@ -128,7 +128,7 @@ static void test_synthetic_fill_vs_value(void **state)
 
 /* Pinned values of the definition (fs_rng v2): any change to the hash, the uniforms, the log, the
  * sin/cos, their constants or operation order changes some of these bits. Computed by this
- * library and, independently, by tools/fs_rng_ref.py (numpy) at the commit that introduced v2. */
+ * library and, independently, by tools/gen/fs_rng_ref.py (numpy) at the commit that introduced v2. */
 static void test_pinned_values(void **state)
 {
     (void)state;
@@ -194,7 +194,7 @@ static void test_pinned_values(void **state)
     free(p);
 }
 
-/* tools/fs_rng_ref.py (numpy, written from the definition in fs_rng.h) against this library, bit
+/* tools/gen/fs_rng_ref.py (numpy, written from the definition in fs_rng.h) against this library, bit
  * for bit: normals at even and odd starts, large indices, extreme seeds; synthetic weights of the
  * three kinds. */
 static const char *numpy_python(void) { return test_python("numpy"); }
@@ -202,7 +202,7 @@ static const char *numpy_python(void) { return test_python("numpy"); }
 static int64_t run_ref(const char *args, uint64_t *bits, int64_t max)
 {
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s tools/fs_rng_ref.py %s", numpy_python(), args);
+    snprintf(cmd, sizeof cmd, "%s tools/gen/fs_rng_ref.py %s", numpy_python(), args);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     int64_t n = 0;
@@ -237,7 +237,7 @@ static void test_python_reference(void **state)
         snprintf(args, sizeof args, "--seed %llu --name %s --first %llu --count %lld", (unsigned long long)cases[i].seed,
                  cases[i].name, (unsigned long long)cases[i].first, (long long)cases[i].count);
         const int64_t n = run_ref(args, py, MAXN);
-        if (n != cases[i].count) fail_msg("tools/fs_rng_ref.py %s: got %lld values", args, (long long)n);
+        if (n != cases[i].count) fail_msg("tools/gen/fs_rng_ref.py %s: got %lld values", args, (long long)n);
         fs_rng_normal_fill(fs_rng_key(cases[i].seed, cases[i].name), cases[i].first, n, c);
         for (int64_t j = 0; j < n; j++) {
             uint64_t b;
@@ -278,7 +278,7 @@ static void test_python_reference(void **state)
         }
         total += n;
     }
-    fprintf(stderr, "    tools/fs_rng_ref.py == C bit for bit: %lld values (normals and weights)\n", (long long)total);
+    fprintf(stderr, "    tools/gen/fs_rng_ref.py == C bit for bit: %lld values (normals and weights)\n", (long long)total);
     free(p);
     free(py);
     free(c);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/torch_dump.py on a small torch module tree named like diffusers' FluxTransformer2DModel
+# tools/torch/torch_dump.py on a small torch module tree named like diffusers' FluxTransformer2DModel
 # (x_embedder, time_text_embed.time_proj called twice, pos_embed returning (cos, sin), blocks
 # returning tuples with a None, ModuleLists, an identity whose output equals its input's):
 #   - the dump has the format's names: `#k` tuple elements (None skipped), `@1` second calls, no
@@ -19,7 +19,7 @@ tmpdir torchdump
 if ! $PY -c "import torch, h5py" 2>/dev/null; then
   skip_all "torch_dump tests: python3-torch (or h5py) not installed — they did NOT run"
 fi
-if PYTHONPATH=tools $PY - "$T" <<'PY'
+if PYTHONPATH=tools/torch $PY - "$T" <<'PY'
 import sys, torch, torch.nn as nn, h5py, numpy as np
 from torch_dump import FluxDumper
 T = sys.argv[1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/torch_dump.py misused or killed (reliability probe 3, T13), with the system torch:
+# tools/torch/torch_dump.py misused or killed (reliability probe 3, T13), with the system torch:
 #   (a) a loop that stops early (break, or an exception caught by the caller) and then calls
 #       final() is not marked complete: close() raises, flux-oracle reports the file partial
 #       (before: complete = 1 with recorded_steps "0", `stats` exit 0);
@@ -16,7 +16,7 @@ if ! $PYT -c "import torch, h5py, numpy" 2>/dev/null; then
 fi
 cat >"$T/toy.py" <<'PY'
 import os, sys, time, torch, torch.nn as nn
-sys.path.insert(0, "tools")
+sys.path.insert(0, "tools/torch")
 from torch_dump import FluxDumper
 class Toy(nn.Module):
     config = {"patch_size": 1, "in_channels": 4, "out_channels": 4, "num_layers": 0, "num_single_layers": 0,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/torch_flux.py (independent PyTorch FLUX transformer, float32 / float64 / bfloat16 with GPU
+# tools/torch/torch_flux.py (independent PyTorch FLUX transformer, float32 / float64 / bfloat16 with GPU
 # numerics, bug switches) against the diffusers reference dumps, and its bug switches against
 # flux-oracle:
 #   - each dtype mode of `tiny` and `odd` reproduces the reference (dump_fp32/fp64/bf16.h5):
@@ -39,9 +39,9 @@ tmpdir torchflux
 # ---- every run in one Python process (importing torch takes seconds) ----
 # OPENBLAS_CORETYPE: OpenBLAS picks its kernels when first loaded (torch_flux.py sets Haswell, the
 # reference's, but only if it is imported before numpy); ATEN_CPU_CAPABILITY likewise. The
-# OPENBLAS_NUM_THREADS=1 of tools/run-tests.sh is overridden at run time by --blas-threads (2):
+# OPENBLAS_NUM_THREADS=1 of tools/ci/run-tests.sh is overridden at run time by --blas-threads (2):
 # with one thread OpenBLAS rounds float32 GEMMs of these sizes differently from the reference
-OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools $PY - "$REF" "$T" >"$T/py.out" 2>&1 <<'PY'
+OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools/torch $PY - "$REF" "$T" >"$T/py.out" 2>&1 <<'PY'
 import torch_flux as tf
 import contextlib, io, sys, h5py, numpy as np
 REF, T = sys.argv[1], sys.argv[2]
@@ -190,8 +190,8 @@ for e in tp tp-lockstep ring; do
 done
 
 # ---- the CLI as a process: --help, and an error is one line with exit 2 ----
-if $PY tools/torch_flux.py --help | grep -q -- "--timestep-zero-ranks"; then ok "--help lists the switches"; else bad "--help"; fi
-$PY tools/torch_flux.py --weights "$T/none.safetensors" --inputs "$REF/tiny/dump_fp32.h5" --out "$T/x.h5" 2>"$T/err"; rc=$?
+if $PY tools/torch/torch_flux.py --help | grep -q -- "--timestep-zero-ranks"; then ok "--help lists the switches"; else bad "--help"; fi
+$PY tools/torch/torch_flux.py --weights "$T/none.safetensors" --inputs "$REF/tiny/dump_fp32.h5" --out "$T/x.h5" 2>"$T/err"; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "no such file" "$T/err"; then ok "missing weights: exit 2, $(cat "$T/err")"
 else bad "missing weights: rc=$rc $(cat "$T/err")"; fi
 finish

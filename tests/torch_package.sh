@@ -3,7 +3,7 @@
 #   1. `pip install --no-build-isolation --no-index --no-deps` (Debian's h5py has no metadata pip
 #      sees) of a copy of python/ into a fresh venv
 #      (--system-site-packages: torch, h5py, numpy from Debian) installs offline and imports there;
-#      tools/torch_dump.py still gives the same FluxDumper (a shim, no second copy).
+#      tools/torch/torch_dump.py still gives the same FluxDumper (a shim, no second copy).
 #   2. diffusers-style context parallelism, 2 gloo processes (tests/torch_package_toy.py: a FLUX-named
 #      toy whose `_cp_plan` is applied as diffusers' hooks apply it; real all_gathers of K/V and of
 #      proj_out), *_anything (15 image, 5 text tokens: uneven) and even (16, 6) chunks: each rank's
@@ -18,7 +18,7 @@
 #      partial sums add up to the single-process run's tensors (default_entry="replicated" for the
 #      rest); every entry is what `flux-sim --tp 2` writes for the same name (to_q/k/v, to_out.0 ...),
 #      except the six modules the toy keeps whole where flux-sim shards them.
-#   4. The bf16 recipe of flux_dump's docstring on tools/torch_flux.py's FLUX with the tiny reference
+#   4. The bf16 recipe of flux_dump's docstring on tools/torch/torch_flux.py's FLUX with the tiny reference
 #      weights: the dump is complete (the old recipe's /inputs/timesteps, bf16(t/1000), is refused
 #      at close), flux-sim replays it and docs/bf16.md's three commands PASS it.
 # Needs python3-torch/h5py (else SKIPPED), mpirun for flux-sim's side, the reference for part 4.
@@ -40,8 +40,8 @@ if $PYT -m venv --system-site-packages "$T/venv" >"$T/venv.log" 2>&1 &&
 else
   bad "pip install into a venv failed: $(tail -n 3 "$T/venv.log")"
 fi
-out=$(PYTHONPATH=tools $PYT -c "import torch_dump, flux_dump.dumper as d; print(torch_dump.FluxDumper is d.FluxDumper, torch_dump.pipeline_timesteps is d.pipeline_timesteps)" 2>&1)
-[ "$out" = "True True" ] && ok "tools/torch_dump.py re-exports the package's FluxDumper (one copy)" || bad "shim: $out"
+out=$(PYTHONPATH=tools/torch $PYT -c "import torch_dump, flux_dump.dumper as d; print(torch_dump.FluxDumper is d.FluxDumper, torch_dump.pipeline_timesteps is d.pipeline_timesteps)" 2>&1)
+[ "$out" = "True True" ] && ok "tools/torch/torch_dump.py re-exports the package's FluxDumper (one copy)" || bad "shim: $out"
 
 # ---- 2, 3: two gloo processes per run ----
 run2() {   # run2 MODE S_IMG S_TXT DIR: the single-process run, then 2 ranks
@@ -135,7 +135,7 @@ fi
 if [ ! -f "$REF/tiny/weights.safetensors" ]; then skip "bf16 recipe round trip: no reference in $REF — it did NOT run"
 else
   W=$REF/tiny/weights.safetensors
-  OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools:python $PYT - "$REF/tiny" "$T" >"$T/bf16.log" 2>&1 <<'PY'
+  OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=tools/torch:python $PYT - "$REF/tiny" "$T" >"$T/bf16.log" 2>&1 <<'PY'
 import sys, torch, numpy as np
 import torch_flux as tf
 from flux_dump import FluxDumper, pipeline_timesteps

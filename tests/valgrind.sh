@@ -12,7 +12,7 @@ if ! command -v valgrind >/dev/null; then
 fi
 log=$(mktemp /tmp/fluxsim-valgrind-XXXXXX)
 start=$(date +%s)
-OPENBLAS_NUM_THREADS=1 timeout 900 valgrind --error-exitcode=1 --suppressions=tools/openmpi-valgrind.supp \
+OPENBLAS_NUM_THREADS=1 timeout 900 valgrind --error-exitcode=1 --suppressions=tools/ci/openmpi-valgrind.supp \
   "$B/flux-sim" --steps 1 -q </dev/null >"$log" 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench_torch_peer.py — time the PyTorch peer of issue 13: FluxTransformer2DModel (tools/torch_flux.py's
+"""bench_torch_peer.py — time the PyTorch peer of issue 13: FluxTransformer2DModel (tools/torch/torch_flux.py's
 modules, written from diffusers' source) forward in float32 on torch 1.13 CPU, synthetic weights.
 
     tools/bench_torch_peer.py [--reps N] [--threads N] [config flags] [--tiny] [--native-kernels]
@@ -115,7 +115,7 @@ def main():
     if a.native_kernels:
         importlib.import_module("torch")   # loads OpenBLAS before torch_flux.py pins OPENBLAS_CORETYPE
     here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("torch_flux", os.path.join(here, "torch_flux.py"))
+    spec = importlib.util.spec_from_file_location("torch_flux", os.path.join(here, "torch", "torch_flux.py"))
     tf = importlib.util.module_from_spec(spec)
     sys.modules["torch_flux"] = tf
     spec.loader.exec_module(tf)      # not __main__: parses no arguments; sets the kernel env (setdefault)

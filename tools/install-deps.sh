@@ -10,8 +10,8 @@ PKGS=(
   libcmocka-dev                    # unit tests
   libcjson-dev                     # config.json and safetensors headers
   python3-h5py python3-numpy       # tools/ scripts and cross-checks of dumps
-  gdb                              # tools/flux-sim.gdb, the debugging walkthrough test
-  python3-torch                    # tools/torch_dump.py's test (PyTorch forward hooks → flux-dump)
+  gdb                              # tools/debug/flux-sim.gdb, the debugging walkthrough test
+  python3-torch                    # tools/torch/torch_dump.py's test (PyTorch forward hooks → flux-dump)
   clang libclang-rt-14-dev libomp-dev  # make fuzz: libFuzzer harnesses (clang's -fopenmp needs libomp)
   valgrind                         # make valgrind / make sanitize: tests/valgrind.sh
 )

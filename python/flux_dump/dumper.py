@@ -2,7 +2,7 @@
 """flux_dump.dumper — write a flux-dump v1 file (flux-sim's ../shared/flux-dump.md) from a PyTorch run
 of diffusers' FluxTransformer2DModel, with forward hooks, so a GPU run can be diffed against flux-sim
 with `flux-oracle diff`. Installed as the `flux_dump` package (`pip install ./python`); in a flux-sim
-checkout `tools/torch_dump.py` re-exports it (`from torch_dump import FluxDumper`).
+checkout `tools/torch/torch_dump.py` re-exports it (`from torch_dump import FluxDumper`).
 
     from flux_dump import FluxDumper, pipeline_timesteps
     # after retrieve_timesteps(scheduler, ...): scheduler.timesteps has N values and
@@ -228,7 +228,7 @@ class FluxDumper:
         a = self.f.attrs
         a["format"] = "flux-dump"
         a["version"] = FORMAT_VERSION
-        a["producer"] = producer or f"tools/torch_dump.py + {type(model).__name__} forward hooks"
+        a["producer"] = producer or f"tools/torch/torch_dump.py + {type(model).__name__} forward hooks"
         a["dtype"] = dtype or _dtype_name(model)
         a["config"] = json.dumps(cfg)
         if parallel is not None:

@@ -1,6 +1,6 @@
 /* fs_rng.c — counter-based normals, libm-free and exactly specified: the definition is in
  * fs_rng.h, its inline implementation in fs_rng_kernel.h (shared with fs_weights_synth.c);
- * tools/fs_rng_ref.py is an independent numpy implementation. The scalar path (fs_rng_normal,
+ * tools/gen/fs_rng_ref.py is an independent numpy implementation. The scalar path (fs_rng_normal,
  * fs_rng_normal_fill_scalar) and the vector path (fs_rng_normal_fill) run the same inline
  * functions, so they agree bit for bit (tests/test_rng.c). */
 #include "fs_rng.h"

@@ -8,9 +8,9 @@
  * or one IEEE 754 binary64 operation rounded to nearest even (+, -, *, /, sqrt, a conversion
  * that is exact, or a sign/exponent bit manipulation); no libm, no fused multiply-add, no excess
  * precision, evaluated in exactly the order written (parentheses as shown). So any IEEE
- * implementation — the vector loops here, a GPU kernel, tools/fs_rng_ref.py (numpy) —
+ * implementation — the vector loops here, a GPU kernel, tools/gen/fs_rng_ref.py (numpy) —
  * reproduces the bits. Hex constants are exact doubles (C99 %a notation), derived by
- * tools/rng_coeffs.py.
+ * tools/gen/rng_coeffs.py.
  *
  *   mix(z)  = z ^= z >> 30; z *= 0xbf58476d1ce4e5b9; z ^= z >> 27; z *= 0x94d049bb133111eb;
  *             return z ^ (z >> 31)                                   (SplitMix64's finaliser)

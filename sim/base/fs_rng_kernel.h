@@ -9,7 +9,7 @@
  * this are compiled with -ffp-contract=off and without -ffast-math (Makefile; -fno-math-errno
  * only lets sqrt vectorise — its argument is never negative, errno is never set).
  *
- * The constants are derived by tools/rng_coeffs.py (mpmath): Chebyshev-interpolant polynomials of
+ * The constants are derived by tools/gen/rng_coeffs.py (mpmath): Chebyshev-interpolant polynomials of
  * degree 6 for atanh (log) and sin on the reduced intervals, ln 2 split hi/lo, sqrt 2. The log's
  * reduction u = 2^e m, f = m - 1, s = f/(2+f), log1p(f) = 2 atanh(s) = 2s + s R(s^2) is the
  * classical atanh-series method (textbook; e.g. Sun's freely redistributable fdlibm e_log.c uses
@@ -52,7 +52,7 @@ RNG_INLINE uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* ---- constants (tools/rng_coeffs.py prints them) ---- */
+/* ---- constants (tools/gen/rng_coeffs.py prints them) ---- */
 #define RNG_LN2_HI 0x1.62e42fee00000p-1 /* ln 2 truncated to 32 significant bits */
 #define RNG_LN2_LO 0x1.a39ef35793c76p-33 /* RN(ln 2 - RNG_LN2_HI) */
 #define RNG_SQRT2 0x1.6a09e667f3bcdp+0  /* RN(sqrt 2) */

@@ -16,7 +16,7 @@ void fs_debug_wait_for_debugger(int rank)
     gethostname(host, sizeof host);
     fprintf(stderr,
             "flux-sim: rank %d (pid %ld on %s) is waiting for a debugger:\n"
-            "  gdb -p %ld -x tools/flux-sim.gdb -ex 'set var fs_debug_wait = 0' -ex continue\n",
+            "  gdb -p %ld -x tools/debug/flux-sim.gdb -ex 'set var fs_debug_wait = 0' -ex continue\n",
             rank, (long)getpid(), host, (long)getpid());
     fflush(stderr);
     while (fs_debug_wait) sleep(1);

@@ -1,4 +1,4 @@
-/* fs_debug.h — hooks for gdb (tools/flux-sim.gdb, docs/debugging.md).
+/* fs_debug.h — hooks for gdb (tools/debug/flux-sim.gdb, docs/debugging.md).
  *
  * The forward keeps the module it is in and the step in two globals gdb can print at any stop;
  * fs_debug_print_tensor is meant to be `call`ed from gdb; --wait-for-debugger parks a rank until

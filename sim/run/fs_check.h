@@ -23,7 +23,7 @@ typedef fo_tolerance fs_check_tol;
 static inline fs_check_tol fs_check_default_tol(fs_dtype dt) { return fo_tolerance_layout(fs_dtype_name(dt)); }
 
 /* What the rank where a divergence shows holds when --break-on-divergence stops it (gdb:
- * `frame` up to the layer, or `p *dv` here; tools/flux-sim.gdb prints these). */
+ * `frame` up to the layer, or `p *dv` here; tools/debug/flux-sim.gdb prints these). */
 typedef struct fs_divergence {
     int step;
     const char *module;         /* diffusers module path */

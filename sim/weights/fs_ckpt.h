@@ -1,4 +1,4 @@
-/* fs_ckpt.h — writing synthetic weights as real checkpoints (tools/make_checkpoint.c).
+/* fs_ckpt.h — writing synthetic weights as real checkpoints (tools/gen/make_checkpoint.c).
  *
  * The values are fs_weights_synthetic's, generated tensor by tensor in row blocks and written as
  * they come (never the whole model in memory: FLUX.1-dev is 23.8 GB in BF16), in the layouts the

@@ -30,7 +30,7 @@ void fs_wload_drop(const fs_wload *l, int i);
 void fs_wload_free(fs_wload *l);
 
 /* Where a BFL single-file checkpoint keeps diffusers parameter `d` (the mapping fs_weights_load
- * reads with, for writers such as tools/make_checkpoint.c): the BFL tensor `name` (no
+ * reads with, for writers such as tools/gen/make_checkpoint.c): the BFL tensor `name` (no
  * "model.diffusion_model." prefix), its first dimension `rows` (the fused size for qkv/linear1),
  * and *np pieces: rows [src_r0, src_r0 + nrows) of the BFL tensor are rows [dst_r0, ...) of d
  * (two pieces for norm_out's swapped halves). Returns -1 for a parameter no rule covers. */

@@ -1,5 +1,5 @@
 /* fs_weights_synth.h — synthetic weights, element by element: the deterministic values every
- * synthetic run, shard and checkpoint writer (tools/make_checkpoint.c) agrees on.
+ * synthetic run, shard and checkpoint writer (tools/gen/make_checkpoint.c) agrees on.
  *
  * Element i of parameter `name` is fs_rng_normal(fs_rng_key(seed, name), i) scaled to the
  * magnitudes of ../shared/reference/README.md (Linear weight ~ N(0, 1/in), bias ~ N(0, 0.05^2),
@@ -19,7 +19,7 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
  * the value rounded to nearest even), into out (float or double): bit-identical to
  * fs_weights_synthetic_value element by element. Vectorised (fs_rng.c) and OpenMP-threaded
  * over blocks (serial inside a caller's parallel region). For generating without holding a whole
- * tensor (tools/make_checkpoint.c) and for fs_weights_synthetic itself. */
+ * tensor (tools/gen/make_checkpoint.c) and for fs_weights_synthetic itself. */
 void fs_weights_synthetic_fill(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                void *out);
 /* The same values by the plain scalar loop (fs_rng_normal per element, one thread): the

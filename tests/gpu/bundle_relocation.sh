@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bundle_relocation.sh — proves tools/gpu-bundle.sh's folder runs on a machine without MPI,
+# bundle_relocation.sh — proves tools/gpu/gpu-bundle.sh's folder runs on a machine without MPI,
 # OpenBLAS or HDF5: the bundle is copied to /tmp, and in a private mount namespace every system
 # copy of Open MPI, PMIx, OpenBLAS, HDF5 (and their helpers) is masked — directories by an empty
 # tmpfs, library files and launchers by /dev/null, so a stray load fails loudly instead of
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 ref=$(cd "${FLUX_REFERENCE_DIR:-../shared/reference}" 2>/dev/null && pwd)
 B=${1:-}
 if [ -z "$B" ]; then
-  GPU= tools/gpu-bundle.sh build/bundle || exit 1
+  GPU= tools/gpu/gpu-bundle.sh build/bundle || exit 1
   B=build/bundle
 fi
 if ! unshare -m --propagation private true 2>/dev/null; then

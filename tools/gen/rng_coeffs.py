@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """rng_coeffs.py — derives every constant of fs_rng's normal transform (sim/base/fs_rng.h).
 
-Run: /usr/bin/python3 tools/rng_coeffs.py   (needs mpmath: Debian python3-mpmath)
+Run: /usr/bin/python3 tools/gen/rng_coeffs.py   (needs mpmath: Debian python3-mpmath)
 
 Prints the constants as C99 hex floats, exactly as sim/base/fs_rng_kernel.h, sim/base/fs_rng.h and
-tools/fs_rng_ref.py hold them, and the error of each polynomial (coefficients rounded to double, evaluated exactly in
+tools/gen/fs_rng_ref.py hold them, and the error of each polynomial (coefficients rounded to double, evaluated exactly in
 200-bit arithmetic, on a 20001-point grid). Nothing here is taken from a libm: the polynomials
 are Chebyshev interpolants (near-minimax) computed by mpmath.chebyfit, degree 6 each, which is
 where their error stops falling and coefficient rounding dominates (the degree table printed

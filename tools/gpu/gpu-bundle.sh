@@ -3,7 +3,7 @@
 # and cuBLAS, but no MPI, OpenBLAS or HDF5 and no package manager (the lent GPU machines;
 # docs/gpu.md, "Running on a lent GPU machine").
 #
-#   tools/gpu-bundle.sh [OUT]        (default build/bundle; GPU=cuda|hip|"" from the environment)
+#   tools/gpu/gpu-bundle.sh [OUT]        (default build/bundle; GPU=cuda|hip|"" from the environment)
 #
 # Contents (~42 MB):
 #   bin/flux-box        flux-sim, flux-oracle, gpu_check and bench_forward in one executable,
@@ -22,11 +22,11 @@
 #                       PMIX_PKGDATADIR, LD_LIBRARY_PATH, OMPI_MCA_pml=ob1, OMPI_MCA_btl=self,vader,
 #                       OMPI_MCA_plm=isolated (and root/oversubscribe permissions), then runs its
 #                       arguments: bundle/run.sh mpirun -np 4 flux-sim --backend cuda --check
-#   gpu-check.sh, inject_check.sh   tools/gpu-check.sh and the --inject table it reuses
+#   gpu-check.sh, inject_check.sh   tools/gpu/gpu-check.sh and the --inject table it reuses
 # The folder mirrors Debian's /usr layout under its own root, which is what lets OPAL_PREFIX
 # relocate Open MPI (PMIx needs its three variables besides: it does not derive them).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-${OUT:-build/bundle}}
 GPU=${GPU:-}
 MA=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
@@ -80,12 +80,12 @@ closure "$OUT/bin/flux-box" "$OUT/bin/orterun" "$OUT/bin/orted" "$OUT"/lib/$MA/o
 # cuBLAS is expected missing here only when it is not installed; anything else is a real gap
 if [ ${#missing[@]} -gt 0 ]; then printf 'gpu-bundle: not found (left out): %s\n' "${missing[@]}"; fi
 
-cp tools/gpu-check.sh "$OUT/gpu-check.sh"
+cp tools/gpu/gpu-check.sh "$OUT/gpu-check.sh"
 cp tests/inject_check.sh "$OUT/inject_check.sh"
 
 cat >"$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# run.sh — runs its arguments with this bundle's Open MPI and libraries (tools/gpu-bundle.sh).
+# run.sh — runs its arguments with this bundle's Open MPI and libraries (tools/gpu/gpu-bundle.sh).
 #   ./run.sh mpirun -np 4 flux-sim --backend cuda --check ...
 #   ./run.sh ./gpu-check.sh
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-device-run.sh — the one command for a lent GPU machine (docs/gpu.md, "Results on a GPU").
-# Unpacks build/gpu-pack (tools/gpu-pack.sh), records the machine, runs bundle/gpu-check.sh
+# Unpacks build/gpu-pack (tools/gpu/gpu-pack.sh), records the machine, runs bundle/gpu-check.sh
 # (steps 1-5), then compute-sanitizer memcheck/racecheck/synccheck/initcheck on gpu_check and on
 # a 2-rank ring --check. Every line of gpu-check.sh is prefixed with the seconds since start.
 # Results go to $OUT (the device tool's return folder; ./gpu-out elsewhere):
@@ -8,7 +8,7 @@
 # Budget (H100, 2026-11-27): unpack 3 s, gpu-check 147 s, sanitizers 30 s; limit with
 # GPU_CHECK_LIMIT (s, default 400) so a hang still returns the partial log.
 set -u
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$here/gpu-out}; mkdir -p "$OUT"
 t0=$(date +%s)
 W=$(mktemp -d /tmp/fluxsim-dev-XXXXXX)

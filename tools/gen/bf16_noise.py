@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bf16_noise.py — measure the bfloat16 noise floor that oracle/fo_tolerance.c's bf16 rules rest on.
 
-    tools/bf16_noise.py TRUTH.h5 BASELINE.h5 CAND.h5 [CAND.h5 ...] [--json OUT]
+    tools/gen/bf16_noise.py TRUTH.h5 BASELINE.h5 CAND.h5 [CAND.h5 ...] [--json OUT]
 
 TRUTH is a matched float64 run of the bf16 problem (flux-sim --precision fp64 --match bf16, or the
 reference's dump_bf16_matched_fp64.h5), BASELINE flux-sim's own bf16 emulation of the same run,

@@ -12,7 +12,7 @@ import sys
 
 # this checkout's package first, so that the tools and the tests run the code beside them even
 # when another flux_dump is installed
-_here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+_here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
 if os.path.isdir(os.path.join(_here, "flux_dump")) and _here not in sys.path:
     sys.path.insert(0, _here)
 from flux_dump import *            # noqa: E402,F401,F403

@@ -1,5 +1,5 @@
 /* flux-box — flux-sim, flux-oracle, gpu_check and bench_forward in one executable, for
- * tools/gpu-bundle.sh: each of them linked statically against OpenBLAS and HDF5 would be ~28 MB,
+ * tools/gpu/gpu-bundle.sh: each of them linked statically against OpenBLAS and HDF5 would be ~28 MB,
  * one copy of the libraries serves all four. The name it is called by picks the program
  * (symlinks flux-sim, flux-oracle, gpu_check, bench_forward → flux-box), or the first argument:
  * `flux-box flux-oracle diff a.h5 b.h5`. The four mains are the programs' own sources compiled

@@ -12,7 +12,7 @@
 # Not part of `make test`. Without a GPU it says SKIPPED and exits 0; exit 1 if anything failed.
 #
 #   make GPU=cuda gpu-check                  from the repository (build/ binaries)
-#   bundle/run.sh bundle/gpu-check.sh        from tools/gpu-bundle.sh's folder (PATH binaries)
+#   bundle/run.sh bundle/gpu-check.sh        from tools/gpu/gpu-bundle.sh's folder (PATH binaries)
 # Environment: BACKEND (cuda; hip for a HIP build), FLUX_REFERENCE_DIR (../shared/reference),
 # LOG (build/gpu-check.log, or gpu-check.log beside the bundle), QUICK=1 (steps 1-4 shortened,
 # no bench), NO_BENCH=1 (steps 1-4 in full, no bench), MPIRUN (mpirun).
@@ -21,7 +21,7 @@ if [ -n "${FLUX_BUNDLE:-}" ]; then
   SIM=flux-sim ORACLE=flux-oracle CHECK=gpu_check BENCH=bench_forward INJ="$FLUX_BUNDLE/inject_check.sh"
   LOG=${LOG:-$PWD/gpu-check.log}
 else
-  cd "$(dirname "$0")/.."
+  cd "$(dirname "$0")/../.."
   SIM=build/flux-sim ORACLE=build/flux-oracle CHECK=build/gpu_check BENCH=build/bench_forward INJ=tests/inject_check.sh
   LOG=${LOG:-build/gpu-check.log}
 fi

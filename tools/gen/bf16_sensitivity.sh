@@ -3,9 +3,9 @@
 # a copy of the reference checkpoint, each run in bf16 by flux-sim and judged by the documented
 # recipe `flux-oracle diff BUG.h5 SIM_BF16.h5 --truth SIM_FP64_MATCHED.h5`, where the clean bf16
 # run is the baseline. Prints, per case, where the verdict stops (or PASS: the bug is below the
-# bf16 noise floor). A measurement, not a test. Usage: tools/bf16_sensitivity.sh [tiny|odd]
+# bf16 noise floor). A measurement, not a test. Usage: tools/gen/bf16_sensitivity.sh [tiny|odd]
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 c=${1:-tiny}
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
 T=$(mktemp -d /tmp/fluxsim-sens-XXXXXX)

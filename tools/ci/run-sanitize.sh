@@ -18,7 +18,7 @@
 # No test is excluded. valgrind is not run here (make valgrind: ~2.5 minutes more would take
 # make sanitize past 20 minutes). docs/reliability.md has the measured wall times.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=${FLUX_BUILD:-build-san}
 logs=$B/san-logs
 rm -rf "$logs"; mkdir -p "$logs"
@@ -41,14 +41,14 @@ if [ -n "${FLUX_SANITIZE_QUICK:-}" ]; then
   # and the dump/oracle readers — where the probe found its crashes — then pass 3. The full run
   # (every test, ~25 minutes on 2 cores) is `make sanitize`.
   echo "== pass 1 (quick): ASan + UBSan + LSan on: $QUICK_TESTS"
-  ASAN_OPTIONS="$san_opts:detect_leaks=1:fast_unwind_on_malloc=0" FLUX_TEST_ONLY="$QUICK_TESTS" tools/run-tests.sh || rc=1
+  ASAN_OPTIONS="$san_opts:detect_leaks=1:fast_unwind_on_malloc=0" FLUX_TEST_ONLY="$QUICK_TESTS" tools/ci/run-tests.sh || rc=1
   echo "*** make sanitize-quick: the other tests did NOT run under the sanitizers (make sanitize runs them all) ***"
 else
 echo "== pass 1: ASan + UBSan + LSan, every test but: $LEAK_FREE_TESTS"
-ASAN_OPTIONS="$san_opts:detect_leaks=1:fast_unwind_on_malloc=0" FLUX_TEST_EXCLUDE="$LEAK_FREE_TESTS" tools/run-tests.sh || rc=1
+ASAN_OPTIONS="$san_opts:detect_leaks=1:fast_unwind_on_malloc=0" FLUX_TEST_EXCLUDE="$LEAK_FREE_TESTS" tools/ci/run-tests.sh || rc=1
 echo "== pass 2: ASan + UBSan (no leak detection): $LEAK_FREE_TESTS"
 ASAN_OPTIONS="$san_opts:detect_leaks=0" FLUX_TEST_ONLY="$LEAK_FREE_TESTS" FLUX_PARCHECK_PRECISIONS=fp64 \
-  tools/run-tests.sh || rc=1
+  tools/ci/run-tests.sh || rc=1
 fi
 echo "== pass 3: LSan on the parallel code paths"
 T=$(mktemp -d /tmp/fluxsim-san-XXXXXX)

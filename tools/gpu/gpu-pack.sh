@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # gpu-pack.sh — everything a lent GPU machine needs for the GPU check, under the device tool's
-# 64 MiB (repository + carried files): the bundle (tools/gpu-bundle.sh) and the reference subset
+# 64 MiB (repository + carried files): the bundle (tools/gpu/gpu-bundle.sh) and the reference subset
 # gpu-check.sh reads (tiny and odd: weights.safetensors, dump_fp64.h5, config.json), each as
 # .tar.xz in build/gpu-pack/. The weights are random floats and do not compress (28 MB of 30);
 # the bundle does (44 MB -> 7 MB).
 #
-#   make GPU=cuda gpu-pack      (= GPU=cuda tools/gpu-pack.sh)
+#   make GPU=cuda gpu-pack      (= GPU=cuda tools/gpu/gpu-pack.sh)
 # then, on the GPU machine, with build/gpu-pack carried:
-#   bash tools/gpu-device-run.sh      # unpack, nvidia-smi, gpu-check.sh, compute-sanitizer
+#   bash tools/gpu/gpu-device-run.sh      # unpack, nvidia-smi, gpu-check.sh, compute-sanitizer
 # Refuses (exit 1) when the repository plus the pack would exceed LIMIT_MIB (60).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 GPU=${GPU:-cuda}
 REF=${FLUX_REFERENCE_DIR:-../shared/reference}
 P=build/gpu-pack
@@ -20,7 +20,7 @@ for c in tiny odd; do
     [ -f "$REF/$c/$f" ] || { echo "gpu-pack: error: $REF/$c/$f not found (set FLUX_REFERENCE_DIR)" >&2; exit 2; }
   done
 done
-GPU=$GPU tools/gpu-bundle.sh build/bundle
+GPU=$GPU tools/gpu/gpu-bundle.sh build/bundle
 rm -rf "$P" "$P.tmp"; mkdir -p "$P.tmp/ref"
 tar -C build -cf - bundle | xz -T0 -6 >"$P.tmp/bundle.tar.xz"
 for c in tiny odd; do
@@ -37,4 +37,4 @@ echo "gpu-pack: $P: bundle $(mib "$(stat -c %s "$P/bundle.tar.xz")") MiB + refer
 if [ $((tree_b + pack_b)) -gt $((LIMIT_MIB * 1048576)) ]; then
   echo "gpu-pack: error: over $LIMIT_MIB MiB: the device tool would refuse it" >&2; exit 1
 fi
-echo "  device: run(command='bash tools/gpu-device-run.sh', carry=['$P'], timeout_s=420)"
+echo "  device: run(command='bash tools/gpu/gpu-device-run.sh', carry=['$P'], timeout_s=420)"

@@ -9,10 +9,10 @@ are layers, lowest first:
 
 (sim/backend/gpu is part of backend; the CLIs are sim/main_flux_sim.c and oracle/main_flux_oracle.c.)
 Fails (exit 1) on any include cycle between modules and on any arrow that points to a higher
-layer; prints every module with what it includes. `make test` runs it (tools/run-tests.sh).
+layer; prints every module with what it includes. `make test` runs it (tools/ci/run-tests.sh).
 
-    tools/include-graph.py            the graph and the verdict
-    tools/include-graph.py --dot      Graphviz source of the graph (clustered by layer)
+    tools/ci/include-graph.py            the graph and the verdict
+    tools/ci/include-graph.py --dot      Graphviz source of the graph (clustered by layer)
 """
 import os
 import re
@@ -43,7 +43,7 @@ def collect(root):
 
 
 def main():
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     files = collect(root)
     module = {f: os.path.splitext(f)[0] for f in files}  # file -> module name (path sans extension)
     by_header = {}

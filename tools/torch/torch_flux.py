@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """torch_flux.py — an independent PyTorch FLUX.1 transformer (diffusers' FluxTransformer2DModel
 forward + FluxPipeline's Euler loop) that runs float32, float64, or bfloat16 *as a GPU does*, and
-writes every module's output of every step to a flux-dump v1 file with tools/torch_dump.py (the
+writes every module's output of every step to a flux-dump v1 file with tools/torch/torch_dump.py (the
 flux_dump package of python/).
 Optional switches re-create real parallel bugs (and their correct emulations) inside the run, so
 that flux-sim / flux-oracle can be tested on real PyTorch bf16 runs, buggy ones included.
 
-    tools/torch_flux.py --weights W.safetensors --inputs DUMP.h5 --dtype bfloat16 --out RUN.h5
+    tools/torch/torch_flux.py --weights W.safetensors --inputs DUMP.h5 --dtype bfloat16 --out RUN.h5
                         [--steps N] [bug / emulation switches]
 
 No diffusers is needed: the modules below are written from the diffusers source (commit
@@ -1107,8 +1107,8 @@ def run(args):
         print(f"{PROG}: warning: OpenBLAS runs its {'/'.join(sorted(cores))} kernels, not {want} (it was loaded before "
               f"this module set OPENBLAS_CORETYPE): float32/float64 Linears may differ from the reference in the "
               f"last bits; set OPENBLAS_CORETYPE in the environment", file=sys.stderr)
-    producer = (f"tools/torch_flux.py (independent PyTorch FluxTransformer2DModel, torch {torch.__version__} CPU, "
-                f"OpenBLAS {'/'.join(sorted(cores)) or '?'} kernels) + tools/torch_dump.py forward hooks; {args.dtype}")
+    producer = (f"tools/torch/torch_flux.py (independent PyTorch FluxTransformer2DModel, torch {torch.__version__} CPU, "
+                f"OpenBLAS {'/'.join(sorted(cores)) or '?'} kernels) + tools/torch/torch_dump.py forward hooks; {args.dtype}")
     if args.dtype == "bfloat16":
         producer += (": bf16 weights and inputs, Linear bf16 operands with float32 accumulation and one rounding, "
                      "layer_norm/silu/gelu/SDPA/RMSNorm in float32 rounded once, sinusoid and RoPE float32, "

@@ -3,7 +3,7 @@
 # tests/fuzz/README.md). Fails if any harness crashes, leaks, times out on an input or finds an
 # invariant violation; prints each harness's executions and coverage.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 secs=$1; shift
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

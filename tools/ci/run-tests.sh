@@ -12,7 +12,7 @@
 # temporary folder, per-rank output files (mpirun_per_rank) and CPU/RSS measurement (measured).
 # tests/valgrind.sh is not run here: it takes minutes (make valgrind, make sanitize).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=${FLUX_BUILD:-build}
 export FLUX_BUILD=$B
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
