@@ -18,12 +18,16 @@ CC      := mpicc
 PKGS    := openblas hdf5-openmpi libcjson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
+# oneDNN (libdnnl-dev): the bf16 GEMM on AVX512-BF16/AMX (sim/backend/fs_gemm_bf16.c). Debian's
+# 2.6.3 ships no .pc file: pkg-config when there is one, else -ldnnl.
+DNNL_LIBS  := $(shell pkg-config --exists dnnl 2>/dev/null && pkg-config --libs dnnl || echo -ldnnl)
+PKG_LIBS   += $(DNNL_LIBS)
 # STATIC_DEPS=1: OpenBLAS and HDF5 (with its szip/aec/zlib) from Debian's static archives, the
 # rest (MPI, cJSON, gfortran) dynamic: the binaries tools/gpu/gpu-bundle.sh carries to a machine
 # without those libraries (docs/gpu.md). Use with a separate build folder: B=build/static.
 ifeq ($(STATIC_DEPS),1)
 PKG_LIBS := $(shell pkg-config --libs-only-L $(PKGS)) -Wl,-Bstatic -lopenblas -lhdf5 -lsz -laec -lz -Wl,-Bdynamic \
-            -lmpi -lcjson -lgfortran -lpthread -ldl
+            -lmpi -lcjson $(DNNL_LIBS) -lgfortran -lpthread -ldl
 endif
 CMOCKA_CFLAGS := $(shell pkg-config --cflags cmocka)
 CMOCKA_LIBS   := $(shell pkg-config --libs cmocka)

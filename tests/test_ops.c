@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include "fo_dump.h"
+#include "fs_gemm_bf16.h"
 #include "fs_model.h"
 #include "fs_plan.h"
 #include "fs_rng.h"
@@ -348,6 +349,80 @@ static void test_rope_adjacent_pairs(void **s)
 }
 
 /* ---- attention: blocked GEMM + softmax vs a naive triple loop ---- */
+
+/* ---- the bf16 gemm (nn.Linear): float64 reference, a bound for any summation order ----
+ * The contract (fs_backend.h): exact bf16 products summed in float32 in some order, + bias in
+ * float32, one rounding to bf16. With u = 2^-24, the float32 sum of n = K (+1 with the bias)
+ * terms is within γ_n·Σ|terms| of the exact sum y (γ_n = n·u/(1 − n·u)), whatever the order, and
+ * the rounding to bf16 (RNE, unit 2^-8) adds at most 2^-8·|ŝ| ≤ 2^-8·(|y| + γ_n·Σ|terms|): half a
+ * bf16 ulp of the result. Both paths are checked: the backend's op (oneDNN where the CPU has
+ * bf16 dot products, else widen + sgemm) and oneDNN directly (its own fallback elsewhere). */
+static long mism, total; /* elements where the result and an in-order float32 sum round apart */
+static void gemm_bf16_case(int64_t M, int64_t N, int64_t K, int with_bias, int64_t lda, int64_t ldw, int64_t ldc,
+                           int direct)
+{
+    uint16_t *A = malloc(sizeof(uint16_t) * (size_t)(M * lda)), *W = malloc(sizeof(uint16_t) * (size_t)(N * ldw)),
+             *b = malloc(sizeof(uint16_t) * (size_t)N), *C = malloc(sizeof(uint16_t) * (size_t)(M * ldc));
+    assert_non_null(A); assert_non_null(W); assert_non_null(b); assert_non_null(C);
+    const uint64_t key = fs_rng_key((uint64_t)(M * 1000003 + N * 1009 + K), "gemm_bf16");
+    for (int64_t i = 0; i < M * lda; i++) A[i] = fs_bf16_from_float((float)fs_rng_normal(key, (uint64_t)i));
+    for (int64_t i = 0; i < N * ldw; i++) W[i] = fs_bf16_from_float((float)(0.05 * fs_rng_normal(key, (uint64_t)(1u << 30) + (uint64_t)i)));
+    for (int64_t i = 0; i < N; i++) b[i] = fs_bf16_from_float((float)fs_rng_normal(key, (uint64_t)(3u << 29) + (uint64_t)i));
+    for (int64_t i = 0; i < M * ldc; i++) C[i] = 0x7FBF; /* a NaN sentinel: padding must stay untouched */
+    fs_err e = {0};
+    const int rc = direct ? fs_gemm_bf16_onednn(M, N, K, A, lda, W, ldw, with_bias ? b : NULL, C, ldc, &e)
+                          : be->gemm(be, FS_BF16, M, N, K, A, lda, W, ldw, with_bias ? b : NULL, C, ldc, &e);
+    if (rc) fail_msg("gemm bf16 %lldx%lldx%lld: %s", (long long)M, (long long)N, (long long)K, e.msg);
+    const double u = ldexp(1.0, -24), n = (double)(K + (with_bias ? 1 : 0)), gam = n * u / (1 - n * u);
+    double worst = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < ldc; j++) {
+            if (j >= N) {
+                if (C[m * ldc + j] != 0x7FBF) fail_msg("gemm bf16: C[%lld][%lld] beyond N written", (long long)m, (long long)j);
+                continue;
+            }
+            double y = with_bias ? fs_bf16_to_float(b[j]) : 0, sa = with_bias ? fabs(y) : 0;
+            float f = 0; /* float32, in order, + bias last: the sgemm path's contract */
+            for (int64_t k = 0; k < K; k++) {
+                const double t = (double)fs_bf16_to_float(A[m * lda + k]) * fs_bf16_to_float(W[j * ldw + k]);
+                y += t;
+                sa += fabs(t);
+                f += fs_bf16_to_float(A[m * lda + k]) * fs_bf16_to_float(W[j * ldw + k]);
+            }
+            if (with_bias) f += fs_bf16_to_float(b[j]);
+            /* against a float32 sum in another order: equal, or one bf16 ulp apart (adjacent) */
+            const int d = abs((int)(int16_t)C[m * ldc + j] - (int)(int16_t)fs_bf16_from_float(f));
+            if (d > 1) fail_msg("gemm bf16 %lldx%lldx%lld: C[%lld][%lld] %d bf16 ulps from a float32 sum", (long long)M,
+                                (long long)N, (long long)K, (long long)m, (long long)j, d);
+            mism += d != 0;
+            total++;
+            const double got = fs_bf16_to_float(C[m * ldc + j]), g = gam * sa, bound = g + ldexp(fabs(y) + g, -8);
+            if (!(fabs(got - y) <= bound))
+                fail_msg("gemm bf16 %s %lldx%lldx%lld bias %d: C[%lld][%lld] = %.9g, exact %.17g, |err| %.3g > bound %.3g",
+                         direct ? "oneDNN" : "op", (long long)M, (long long)N, (long long)K, with_bias, (long long)m,
+                         (long long)j, got, y, fabs(got - y), bound);
+            if (bound > 0 && fabs(got - y) / bound > worst) worst = fabs(got - y) / bound;
+        }
+    assert_true(worst <= 1.0);
+    free(A); free(W); free(b); free(C);
+}
+
+static void test_gemm_bf16_bound(void **s)
+{
+    static const int64_t Ks[] = {1, 5, 17, 3085};
+    static const int64_t MN[][2] = {{1, 1}, {1, 37}, {3, 7}, {17, 33}, {37, 19}, {70, 130}};
+    for (int direct = 0; direct < 2; direct++)
+        for (size_t ki = 0; ki < FS_ARRAY_LEN(Ks); ki++)
+            for (size_t si = 0; si < FS_ARRAY_LEN(MN); si++)
+                for (int bias = 0; bias < 2; bias++) {
+                    const int64_t M = MN[si][0], N = MN[si][1], K = Ks[ki];
+                    gemm_bf16_case(M, N, K, bias, K, K, N, direct);                 /* dense */
+                    gemm_bf16_case(M, N, K, bias, K + 3, K + 8, N + 5, direct);     /* lda, ldw > K; ldc > N */
+                }
+    print_message("bf16 gemm path: %s; %ld of %ld results one bf16 ulp from an in-order float32 sum\n",
+                  fs_gemm_bf16_describe(), mism, total);
+    assert_true(mism * 20 <= total); /* a summation order, not a different rounding: rare */
+}
 
 static void naive_attention(const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, double *out, double *lse)
 {
@@ -847,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_rope_tables_axes),
         cmocka_unit_test(test_rope_adjacent_pairs),
         cmocka_unit_test(test_attention_vs_naive),
+        cmocka_unit_test(test_gemm_bf16_bound),
         cmocka_unit_test(test_adaln_chunk_orders),
         cmocka_unit_test(test_sched_dev_28_1024),
         cmocka_unit_test(test_sched_dev_4_256),

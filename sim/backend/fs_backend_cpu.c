@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "fs_backend_cpu.h"
+#include "fs_gemm_bf16.h"
 #include "fs_kernels_cpu.h"
 
 /* ---------------------------------------------------------------- memory */
@@ -137,10 +138,11 @@ static float *up_rows(const void *src, int64_t M, int64_t K, int64_t ld)
     return f;
 }
 
-static int cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
-                         const void *bias, void *C, int64_t ldc, fs_err *e)
+/* The bf16 gemm without native bf16 instructions: A and W widened to float32 (exact), sgemm,
+ * + bias in float32, C rounded once. */
+static int cpu_gemm_bf16_sgemm(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W,
+                               int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
-    if (M == 0 || N == 0) return FS_OK;
     float *a = up_rows(A, M, K, lda), *w = up_rows(W, N, K, ldw), *b = bias ? up_buf(bias, FS_BF16, N) : NULL,
           *c = malloc(sizeof(float) * (size_t)(M * N));
     int rc = FS_OK;
@@ -157,6 +159,18 @@ static int cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t
     free(b);
     free(c);
     return rc;
+}
+
+/* The bf16 gemm op: oneDNN's bf16 matmul where the CPU has bf16 dot products (AVX512-BF16, AMX;
+ * fs_gemm_bf16.h), else the sgemm path. Both are float32 accumulation of exact products, + bias
+ * in float32, one rounding; only the order of the float32 additions differs. K == 0 (C = bias)
+ * stays on the sgemm path. */
+static int cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
+                         const void *bias, void *C, int64_t ldc, fs_err *e)
+{
+    if (M == 0 || N == 0) return FS_OK;
+    if (K > 0 && fs_gemm_bf16_native()) return fs_gemm_bf16_onednn(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    return cpu_gemm_bf16_sgemm(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
 }
 
 /* An element-wise or normalisation op on bf16: upcast the inputs, the float32 kernel, round y. */
