@@ -32,6 +32,7 @@
 #include <omp.h>
 
 #include "fs_backends.h"
+#include "fs_gemm_bf16.h"
 #include "fs_model.h"
 #include "fs_sampler.h"
 #ifdef FS_WITH_GPU
@@ -266,6 +267,7 @@ static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const 
         printf("bench_forward: FLUX.1-dev width, 1 double + 1 single block, %lld tokens (image + text), %s, backend %s, "
                "%d reps after 1 warm-up (medians)\n  device: %s\n",
                (long long)S, dtn, be->name, reps, desc);
+        printf("  OpenBLAS core %s; bf16 gemm: %s\n", openblas_get_corename(), fs_gemm_bf16_describe());
         printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
                lin_flops * 1e-9, attn_flops * 1e-9);
         printf("  %s gemm on the same shapes %8.4f s  %8.1f TFLOP/s\n", be->name, mg, model_flops / mg * 1e-12);
@@ -392,6 +394,7 @@ int main(int argc, char **argv)
     printf("bench_forward: FLUX.1-dev width, %d double + %d single block, %lld image + %lld text tokens, fp32, %d reps, "
            "sgemm and forward alternated (medians)\n",
            ndbl, nsgl, (long long)S_img, (long long)S_txt, reps);
+    printf("  OpenBLAS core %s; bf16 gemm: %s\n", openblas_get_corename(), fs_gemm_bf16_describe());
     printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
            lin_flops * 1e-9, attn_flops * 1e-9);
     printf("  weights                      %10.1f MiB fp32, generated in %.1f s; RSS before the first forward %.1f MiB\n",
@@ -488,14 +491,31 @@ int main(int argc, char **argv)
                 }
             }
             fs_model mb = {.cfg = c, .dtype = FS_BF16, .w = &wb, .be = fs_backend_cpu()};
+            /* the bf16 gemm op alone on the forward's Linear shapes (bias, as the forward's Linears),
+             * alternated with the bf16 forward */
+            uint16_t *A16 = malloc(sizeof(uint16_t) * (size_t)(S * (D + F))), *W16 = malloc(sizeof(uint16_t) * (size_t)(F * (D + F))),
+                     *C16 = malloc(sizeof(uint16_t) * (size_t)(S * (D + F))), *b16 = malloc(sizeof(uint16_t) * (size_t)(D + F));
+            for (int64_t i = 0; i < S * (D + F); i++) A16[i] = fs_bf16_from_float((float)((i % 13) - 6) * 0.01f);
+            for (int64_t i = 0; i < F * (D + F); i++) W16[i] = fs_bf16_from_float((float)((i % 7) - 3) * 0.01f);
+            for (int64_t i = 0; i < D + F; i++) b16[i] = fs_bf16_from_float(0.01f * (float)(i % 5));
+            double *t_bg = malloc(sizeof(double) * (size_t)reps);
             for (int r = 0; r < reps; r++) {
                 double s0 = now();
+                for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+                    for (int k = 0; k < lin[i].count; k++)
+                        if (mb.be->gemm(mb.be, FS_BF16, lin[i].M, lin[i].N, lin[i].K, A16, lin[i].K, W16, lin[i].K, b16, C16,
+                                        lin[i].N, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
+                t_bg[r] = now() - s0;
+                s0 = now();
                 if (fs_model_forward(&mb, &ib.hidden_states, &ib.encoder_hidden_states, &ib.pooled_projections, &ts, &g,
                                      &ib.img_ids, &ib.txt_ids, &out, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
                 t_b[r] = now() - s0;
                 fs_tensor_free(&out);
             }
-            const double mb_t = median(t_b, reps);
+            const double mb_t = median(t_b, reps), mbg = median(t_bg, reps);
+            printf("  bf16 gemm, Linear shapes     %10.3f s  %8.1f GFLOP/s  (%s)\n", mbg, lin_flops / mbg * 1e-9,
+                   fs_gemm_bf16_describe());
+            free(A16); free(W16); free(C16); free(b16); free(t_bg);
             printf("  flux-sim forward, bf16       %10.3f s  %8.1f GFLOP/s  (%.2fx the fp32 forward's time)\n", mb_t,
                    model_flops / mb_t * 1e-9, mb_t / mf);
         }

@@ -4,7 +4,10 @@ set -eu
 cd "$(dirname "$0")/.."
 # 1 and 2 threads in one process (the same weights): OpenBLAS and OpenMP set together
 # (fs_backend_cpu_set_threads); BENCH_THREADS overrides the list, e.g. BENCH_THREADS=2.
-echo "== bench_forward: fp32 forward vs sgemm, threads ${BENCH_THREADS:-1,2} =="
+echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); bf16 ISA: $(grep -o -w -m1 'amx_bf16' /proc/cpuinfo || grep -o -w -m1 'avx512_bf16' /proc/cpuinfo || echo none); load $(cut -d' ' -f1-3 /proc/loadavg) =="
+# the bf16 forward and the bf16 gemm op on the Linear shapes (oneDNN where the CPU has bf16 dot
+# products: the header line names the path, oneDNN's ISA and kernel) at each thread count
+echo "== bench_forward: fp32 forward vs sgemm, bf16 forward and bf16 gemm, threads ${BENCH_THREADS:-1,2} =="
 build/bench_forward --reps 3 --threads "${BENCH_THREADS:-1,2}" --bf16 "$@"
 echo
 # issue 13's peer: the same forward in PyTorch (tools/bench_torch_peer.py), 1 thread, alternated
