@@ -394,9 +394,23 @@ int fo_assemble(fo_file **files, int n, const char *out, fs_err *e)
         hid_t r0 = H5Gopen2(c.src[0], "/", H5P_DEFAULT), d0 = H5Gopen2(c.dst, "/", H5P_DEFAULT);
         cJSON_DeleteItemFromObjectCaseSensitive(c.par[0], "rank");
         char *pj = cJSON_PrintUnformatted(c.par[0]);
-        if (r0 < 0 || d0 < 0 || !pj || copy_attrs(r0, d0, "parallel", "complete") || write_string_attr(d0, "parallel", pj))
+        /* flux-sim's per-rank notes become the global run's: `weights` loses ", tp shard r/T",
+         * `producer` says the file was assembled (instead of ", rank r local view") */
+        char *w = NULL, *pr = NULL, *pr2 = NULL;
+        fs_err ig = {0};
+        if (fo_attr_string(files[0], "/", "weights", &w, &ig)) w = NULL;
+        if (fo_attr_string(files[0], "/", "producer", &pr, &ig)) pr = NULL;
+        char *cut;
+        int t1, t2, used = 0;
+        if (w && (cut = strstr(w, ", tp shard ")) && sscanf(cut, ", tp shard %d/%d%n", &t1, &t2, &used) == 2 && !cut[used])
+            *cut = 0;
+        if (pr && (cut = strstr(pr, ", rank ")) && strstr(cut, " local view")) *cut = 0;
+        if (pr) pr2 = fo_strdupf("%s, assembled by flux-oracle from %d per-rank dumps", pr, n);
+        if (r0 < 0 || d0 < 0 || !pj || copy_attrs(r0, d0, "parallel", "complete") || write_string_attr(d0, "parallel", pj) ||
+            (w && (H5Adelete(d0, "weights") < 0 || write_string_attr(d0, "weights", w))) ||
+            (pr2 && (H5Adelete(d0, "producer") < 0 || write_string_attr(d0, "producer", pr2))))
             rc = fs_errf(e, FS_E_IO, "%s: cannot write the root attributes", FO_SHOW(tmp));
-        free(pj);
+        free(pj), free(w), free(pr), free(pr2);
         if (r0 >= 0) H5Gclose(r0);
         if (d0 >= 0) H5Gclose(d0);
     }

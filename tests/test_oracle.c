@@ -4,6 +4,7 @@
  * without ../shared/reference). The CLI end to end is tests/oracle_cli.sh. */
 #include "test_util.h"
 
+#include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <math.h>
 #include <omp.h>
@@ -399,6 +400,51 @@ static void test_shard_parse(void **state)
     assert_non_null(strstr(e.msg, "x.h5: sharding entry bad"));
     assert_int_equal(fo_shard_parse("{", "x", 3, shape, &s, &found, "y.h5", &e), FS_E_INPUT);
     assert_non_null(strstr(e.msg, "y.h5: attribute parallel is not valid JSON"));
+}
+
+/* fo_piece: a rank's local indices placed in the global axis, intervals in their listed order
+ * (flux-sim's single blocks: text interval then image interval), several axes, errors. */
+static void test_piece_from_json(void **state)
+{
+    (void)state;
+    fs_err e = {0};
+    fo_piece p;
+    int found;
+    cJSON *par = cJSON_Parse("{\"world\":2,\"rank\":1,\"sharding\":{"
+                             "\"r\":\"replicated\","
+                             "\"joint\":{\"dim\":1,\"ranges\":[[[0,7],[13,31]],[[7,13],[31,48]]]},"
+                             "\"rev\":{\"dim\":-1,\"ranges\":[[[4,8]],[[6,8],[0,2]]]},"
+                             "\"two\":{\"dims\":[{\"dim\":1,\"ranges\":[[[0,5]],[[5,9]]]},"
+                             "{\"dim\":2,\"ranges\":[[[0,4]],[[4,8]]]}]},"
+                             "\"twice\":{\"dims\":[{\"dim\":1,\"ranges\":[[[0,5]],[[5,9]]]},"
+                             "{\"dim\":1,\"ranges\":[[[0,5]],[[5,9]]]}]},"
+                             "\"short\":{\"dim\":1,\"ranges\":[[[0,5]]]},"
+                             "\"neg\":{\"dim\":1,\"ranges\":[[[3,1]],[[0,1]]]}},"
+                             "\"partial\":{\"p\":\"sum\"}}");
+    assert_non_null(par);
+    assert_int_equal(fo_piece_from_json(par, "nope", 1, 3, &p, &found, "x.h5", &e), 0);
+    assert_int_equal(found, 0);
+    assert_int_equal(fo_piece_from_json(par, "r", 1, 3, &p, &found, "x.h5", &e), 0);
+    assert_true(found && p.replicated && p.naxes == 0);
+    assert_int_equal(fo_piece_from_json(par, "joint", 1, 3, &p, &found, "x.h5", &e), 0);
+    assert_true(found && p.naxes == 1 && p.axis[0] == 1 && p.len[0] == 23 && p.gext[0] == 48);
+    assert_true(p.g[0][0] == 7 && p.g[0][5] == 12 && p.g[0][6] == 31 && p.g[0][22] == 47);
+    fo_piece_free(&p);
+    assert_int_equal(fo_piece_from_json(par, "rev", 1, 3, &p, &found, "x.h5", &e), 0); /* listed order kept */
+    assert_true(p.axis[0] == 2 && p.len[0] == 4 && p.g[0][0] == 6 && p.g[0][1] == 7 && p.g[0][2] == 0 && p.g[0][3] == 1);
+    fo_piece_free(&p);
+    assert_int_equal(fo_piece_from_json(par, "two", 0, 3, &p, &found, "x.h5", &e), 0);
+    assert_true(p.naxes == 2 && p.len[0] == 5 && p.len[1] == 4 && p.gext[0] == 9 && p.gext[1] == 8 && p.g[1][3] == 3);
+    fo_piece_free(&p);
+    assert_int_equal(fo_piece_from_json(par, "twice", 0, 3, &p, &found, "x.h5", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "axis 1 split twice"));
+    assert_int_equal(fo_piece_from_json(par, "short", 1, 3, &p, &found, "x.h5", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "no ranges for rank 1"));
+    assert_int_equal(fo_piece_from_json(par, "neg", 0, 3, &p, &found, "x.h5", &e), FS_E_INPUT);
+    assert_int_equal(fo_piece_from_json(par, "joint", 0, 1, &p, &found, "x.h5", &e), FS_E_INPUT); /* dim 1 of a 1-d */
+    assert_true(fo_parallel_partial(par, "p") && !fo_parallel_partial(par, "joint") && !fo_parallel_partial(NULL, "p"));
+    assert_true(p.naxes == 0 && p.g[0] == NULL); /* errors leave {0} */
+    cJSON_Delete(par);
 }
 
 static void test_describe_coords(void **state)
@@ -889,7 +935,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tolerance_rules),   cmocka_unit_test(test_streaming_equals_oneshot),
-        cmocka_unit_test(test_shard_parse),       cmocka_unit_test(test_describe_coords),
+        cmocka_unit_test(test_shard_parse),       cmocka_unit_test(test_piece_from_json),
+        cmocka_unit_test(test_describe_coords),
         cmocka_unit_test(test_stream_blocks),     cmocka_unit_test(test_diff_reference),
         cmocka_unit_test(test_views_equal_widened), cmocka_unit_test(test_direct_streams),
         cmocka_unit_test(test_diff_order_parallel),
