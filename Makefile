@@ -79,8 +79,8 @@ HDRS       := $(foreach d,$(SIM_DIRS),$(wildcard sim/$(d)/*.h sim/$(d)/*.inc)) $
 
 TEST_SRC   := $(wildcard tests/test_*.c)
 TEST_BIN   := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
-BENCH_SRC  := $(wildcard tools/bench_*.c)
-BENCH_BIN  := $(patsubst tools/%.c,$(B)/%,$(BENCH_SRC))
+BENCH_SRC  := $(wildcard tools/bench/bench_*.c)
+BENCH_BIN  := $(patsubst tools/bench/%.c,$(B)/%,$(BENCH_SRC))
 
 .PHONY: all test unit integration bench golden matrix clean gpu-check gpu-bundle gpu-pack
 ORACLE_MAIN := $(wildcard oracle/main_flux_oracle.c)
@@ -130,7 +130,7 @@ $(B)/tests/%: tests/%.c $(LIB) $(HDRS) tests/test_util.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) $< $(LIB) -o $@ $(LDLIBS) $(CMOCKA_LIBS)
 
-$(B)/bench_%: tools/bench_%.c $(LIB) $(HDRS)
+$(B)/bench_%: tools/bench/bench_%.c $(LIB) $(HDRS)
 	$(CC) $(CFLAGS) $(GPU_DEFS) -O3 $< $(LIB) -o $@ $(LDLIBS)
 
 # Tests need the CLIs built first (integration tests call them).
@@ -142,7 +142,7 @@ test: all
 	@tools/ci/run-tests.sh
 
 bench: all
-	@tools/run-bench.sh
+	@tools/bench/run-bench.sh
 
 golden: $(B)/flux-sim
 	@tools/gen/make-golden.sh
@@ -173,7 +173,7 @@ $(B)/box/flux_oracle.o: oracle/main_flux_oracle.c $(HDRS)
 $(B)/box/gpu_check.o: tests/gpu/gpu_check.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(GPU_DEFS) -Dmain=gpu_check_main -c $< -o $@
-$(B)/box/bench_forward.o: tools/bench_forward.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
+$(B)/box/bench_forward.o: tools/bench/bench_forward.c $(HDRS) $(GPU_HDRS) $(GPU_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(GPU_DEFS) -O3 -Dmain=bench_forward_main -c $< -o $@
 $(B)/flux-box: tools/gpu/flux_box.c $(BOX_OBJ) $(LIB)

@@ -36,7 +36,7 @@ void fs_vmath_exp(float *y, const float *x, int64_t n);
 void fs_vmath_tanh(float *y, const float *x, int64_t n);
 
 /* |got - exact| in ulps of the float nearest `exact` (denormal ulp 2^-149 at least): how the
- * bounds above are measured (tests/test_ops.c, tools/bench_vmath_accuracy.c). */
+ * bounds above are measured (tests/test_ops.c, tools/bench/bench_vmath_accuracy.c). */
 double fs_vmath_ulp_err(float got, double exact);
 
 /* The vector width in use: 8 (AVX2) or 4. fs_vmath_force_width(4 or 8) pins it (tests compare

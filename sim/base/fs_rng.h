@@ -50,7 +50,7 @@
  * implementation may compute those differently (fs_rng_kernel.h does) as long as the values are
  * these. T is a degree-6 fit of (2 atanh(sqrt z)/sqrt z - 2)/z on [0, 0.02944] (log1p(f) =
  * 2 atanh(s) = 2s + s z T(z)), P of sin(pi/4 sqrt t)/sqrt t on [0, 1]. Accuracy, measured over
- * 10^8 pairs of the generator's own uniforms (tools/bench_rng_accuracy.c, docs/scale.md), largest
+ * 10^8 pairs of the generator's own uniforms (tools/bench/bench_rng_accuracy.c, docs/scale.md), largest
  * errors: L 1.46 ulp from ln u_0; C2 2.24 and S2 2.20 ulp from cos/sin(2 pi u_1); the normals
  * 4.05 ulp from the exact Box-Muller transform of the same uniforms (99.7 % within 2 ulp).
  *

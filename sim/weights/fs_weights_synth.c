@@ -125,7 +125,7 @@ double fs_weights_synthetic_value(const fs_param_desc *d, uint64_t seed, int64_t
 
 /* The scalar reference of fs_weights_synthetic_fill: fs_rng_normal element by element (the
  * plain scalar loop, fs_rng_normal_fill_scalar), the scale per element, one thread. What the
- * fast path is tested against (tests/test_rng.c, tools/bench_synth.c). */
+ * fast path is tested against (tests/test_rng.c, tools/bench/bench_synth.c). */
 void fs_weights_synthetic_fill_scalar(const fs_param_desc *d, uint64_t seed, int64_t first, int64_t count, fs_dtype dt,
                                       void *out)
 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: benchmarks, not tests. Figures go to docs/performance.md by hand, with this command.
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # 1 and 2 threads in one process (the same weights): OpenBLAS and OpenMP set together
 # (fs_backend_cpu_set_threads); BENCH_THREADS overrides the list, e.g. BENCH_THREADS=2.
 echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); bf16 ISA: $(grep -o -w -m1 'amx_bf16' /proc/cpuinfo || grep -o -w -m1 'avx512_bf16' /proc/cpuinfo || echo none); load $(cut -d' ' -f1-3 /proc/loadavg) =="
@@ -10,19 +10,19 @@ echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); bf16 ISA:
 echo "== bench_forward: fp32 forward vs sgemm, bf16 forward and bf16 gemm, threads ${BENCH_THREADS:-1,2} =="
 build/bench_forward --reps 3 --threads "${BENCH_THREADS:-1,2}" --bf16 "$@"
 echo
-# issue 13's peer: the same forward in PyTorch (tools/bench_torch_peer.py), 1 thread, alternated
+# issue 13's peer: the same forward in PyTorch (tools/bench/bench_torch_peer.py), 1 thread, alternated
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "== bench-peer: flux-sim vs the PyTorch peer, fp32 forward, 1 thread =="
-  tools/bench-peer.sh 1 --native-kernels
+  tools/bench/bench-peer.sh 1 --native-kernels
 else
   echo "== bench-peer: skipped (no python3-torch; tools/install-deps.sh installs it) =="
 fi
 echo
 echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
-tools/bench_backends.sh 3
+tools/bench/bench_backends.sh 3
 echo
 echo "== bench_oracle: flux-oracle diff vs h5diff on >= 200 MB dumps =="
-tools/bench_oracle.sh
+tools/bench/bench_oracle.sh
 echo
 echo "== bench_synth: synthetic-weight generation, old libm path vs the vector path, 1 and 2 threads =="
 build/bench_synth --e2e

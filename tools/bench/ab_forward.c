@@ -1,9 +1,9 @@
 /* ab_forward — the FLUX.1-dev-width bench forward of another commit (its fs_model.c and CPU backend,
- * renamed old_*: tools/ab-forward.sh builds it) against this tree's, in one process, alternated with the
+ * renamed old_*: tools/bench/ab-forward.sh builds it) against this tree's, in one process, alternated with the
  * sgemm pass on the forward's shapes (the order rotated rep by rep), at 1 and 2 threads. Prints the
  * medians, the ratios to sgemm (of the medians and rep by rep) and the speed-up.
  *
- *   tools/ab-forward.sh COMMIT [REPS]      (REPS default 5, at most 64)
+ *   tools/bench/ab-forward.sh COMMIT [REPS]      (REPS default 5, at most 64)
  */
 #include <cblas.h>
 #include <math.h>

@@ -5,10 +5,10 @@
 #      differences, what two float32 runs of one model differ by. (Two flux-sim runs are bitwise
 #      identical, and h5diff short-cuts identical data with a memcmp, which would time nothing.)
 # Both tools read the same pair from the page cache (one warm-up run each); prints the median of
-# 5 wall-clock times and the peak RSS (/usr/bin/time). Standalone: tools/bench_oracle.sh [DIR]
+# 5 wall-clock times and the peak RSS (/usr/bin/time). Standalone: tools/bench/bench_oracle.sh [DIR]
 # (default $TMPDIR or /tmp; the dumps are kept there for re-runs, delete DIR/oracle-bench after).
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=${1:-${TMPDIR:-/tmp}}/oracle-bench
 mkdir -p "$DIR"
 OR=build/flux-oracle; SIM=build/flux-sim

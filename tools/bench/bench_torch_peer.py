@@ -2,7 +2,7 @@
 """bench_torch_peer.py — time the PyTorch peer of issue 13: FluxTransformer2DModel (tools/torch/torch_flux.py's
 modules, written from diffusers' source) forward in float32 on torch 1.13 CPU, synthetic weights.
 
-    tools/bench_torch_peer.py [--reps N] [--threads N] [config flags] [--tiny] [--native-kernels]
+    tools/bench/bench_torch_peer.py [--reps N] [--threads N] [config flags] [--tiny] [--native-kernels]
 
 Defaults are build/bench_forward's config: FLUX.1-dev width (24 heads x 128 = 3072, MLP 12288,
 joint 4096, in 64, pooled 768, guidance), 1 double + 1 single block, 32x32 image + 512 text tokens,
@@ -96,7 +96,7 @@ def parse_args(argv=None):
 
 
 def model_flops(cfg, s_img, s_txt):
-    """(Linear, attention) FLOPs of one forward, as tools/bench_forward.c's shape list counts them."""
+    """(Linear, attention) FLOPs of one forward, as tools/bench/bench_forward.c's shape list counts them."""
     D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     F, S, C = 4 * D, s_img + s_txt, cfg["in_channels"]
     emb = (2 if cfg["guidance_embeds"] else 1) * (256 * D + D * D) + cfg["pooled_projection_dim"] * D + D * D
@@ -115,7 +115,7 @@ def main():
     if a.native_kernels:
         importlib.import_module("torch")   # loads OpenBLAS before torch_flux.py pins OPENBLAS_CORETYPE
     here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("torch_flux", os.path.join(here, "torch", "torch_flux.py"))
+    spec = importlib.util.spec_from_file_location("torch_flux", os.path.join(here, "..", "torch", "torch_flux.py"))
     tf = importlib.util.module_from_spec(spec)
     sys.modules["torch_flux"] = tf
     spec.loader.exec_module(tf)      # not __main__: parses no arguments; sets the kernel env (setdefault)

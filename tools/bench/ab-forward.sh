@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# tools/ab-forward.sh COMMIT [REPS]: the bench forward (FLUX.1-dev width, 1 double + 1 single
+# tools/bench/ab-forward.sh COMMIT [REPS]: the bench forward (FLUX.1-dev width, 1 double + 1 single
 # block, 1024 + 512 tokens, fp32) of COMMIT against this tree's, alternated in one process with
-# the sgemm pass, at 1 and 2 threads (tools/ab_forward.c). COMMIT's model code (fs_model.c, or fs_layers.c + fs_flux1.c) and CPU
+# the sgemm pass, at 1 and 2 threads (tools/bench/ab_forward.c). COMMIT's model code (fs_model.c, or fs_layers.c + fs_flux1.c) and CPU
 # backend (fs_backend_cpu.c + fs_kernels_cpu.inc) are compiled against this tree's headers with
 # their exported names renamed old_*, and linked with this tree's build/libfluxsim.a (`make`
 # first). So COMMIT must be close enough for that to compile (the same fs_model / fs_backend
 # interfaces). How docs/performance.md's before/after figures were measured.
 set -eu
-cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: tools/ab-forward.sh COMMIT [REPS]" >&2; exit 2; }
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { echo "usage: tools/bench/ab-forward.sh COMMIT [REPS]" >&2; exit 2; }
 c=$1 reps=${2:-5}
 T=$(mktemp -d /tmp/fluxsim-ab-XXXXXX)
 mkdir -p "$T/old"
@@ -38,7 +38,7 @@ nm --defined-only -g "${objs[@]}" | awk 'NF == 3 {print $3}' | sort -u | while r
   esac
 done >"$T/renames"
 for o in "${objs[@]}"; do objcopy --redefine-syms="$T/renames" "$o"; done
-mpicc $CF tools/ab_forward.c "${objs[@]}" build/libfluxsim.a -o "$T/ab_forward" \
+mpicc $CF tools/bench/ab_forward.c "${objs[@]}" build/libfluxsim.a -o "$T/ab_forward" \
   $(pkg-config --libs openblas hdf5-openmpi libcjson) -fopenmp -lm
 echo "ab_forward: $(git rev-parse --short "$c") against this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- sim || echo ', modified')), load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$T/ab_forward" "$reps" "$(git rev-parse --short "$c")"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tools/bench-peer.sh [K] [PEER_FLAG...]: flux-sim's fp32 forward against issue 13's PyTorch peer
-# (tools/bench_torch_peer.py: FluxTransformer2DModel as diffusers writes it, torch 1.13 CPU), both
+# tools/bench/bench-peer.sh [K] [PEER_FLAG...]: flux-sim's fp32 forward against issue 13's PyTorch peer
+# (tools/bench/bench_torch_peer.py: FluxTransformer2DModel as diffusers writes it, torch 1.13 CPU), both
 # at bench_forward's config (FLUX.1-dev width, 1 double + 1 single block, 1024 + 512 tokens) on
 # 1 thread. The machine is shared and its load drifts, so the two alternate K times (default 3),
 # one fresh process each per round, and the ratio torch/flux-sim (> 1: flux-sim faster) is given
@@ -11,10 +11,10 @@
 # flux-sim gets; see bench_torch_peer.py --help). `make` first; BENCH_FORWARD names another binary,
 # REPS the timed forwards per round and side.
 set -eu
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 k=${1:-3}
 [ $# -gt 0 ] && shift
-case $k in '' | *[!0-9]* | 0) echo "usage: tools/bench-peer.sh [K >= 1] [PEER_FLAG...]" >&2; exit 2 ;; esac
+case $k in '' | *[!0-9]* | 0) echo "usage: tools/bench/bench-peer.sh [K >= 1] [PEER_FLAG...]" >&2; exit 2 ;; esac
 bf=${BENCH_FORWARD:-build/bench_forward}
 reps=${REPS:-3}
 case $reps in '' | *[!0-9]* | 0) echo "bench-peer.sh: REPS must be >= 1" >&2; exit 2 ;; esac
@@ -28,7 +28,7 @@ echo "bench-peer: $k rounds of $reps forwards each side, 1 thread, load $(cut -d
   "${OPENBLAS_CORETYPE:-its own choice}"
 for r in $(seq "$k"); do
   # the peer first: a bad PEER_FLAG fails before minutes of bench_forward
-  /usr/bin/python3 tools/bench_torch_peer.py --reps "$reps" --threads 1 "$@" >"$T/pt.out" ||
+  /usr/bin/python3 tools/bench/bench_torch_peer.py --reps "$reps" --threads 1 "$@" >"$T/pt.out" ||
     { tail -n 3 "$T/pt.out" >&2; exit 2; }
   "$bf" --reps "$reps" --threads 1 >"$T/fs.out" || { tail -n 3 "$T/fs.out" >&2; exit 2; }
   [ "$r" = 1 ] && grep -m1 '^  threads:' "$T/pt.out" | sed 's/^  /peer /'
