@@ -295,8 +295,10 @@ int fo_rank_diff_run(fo_file **files, int n, fo_file *b, const fo_diff_opts *o, 
     if (!rc) qsort(rf, (size_t)n, sizeof *rf, by_rank);
     for (int i = 0; i < n; i++) r->rank_of_file[i] = rf[i].rank;
     char *note_a = NULL, *note_b = NULL;
+    int partial0 = 0; /* rank 0's file is partial (--allow-partial): what it lacks is excused */
     for (int i = 0; i < n && !rc; i++) {
         rc = fo_require_complete(rf[i].f, o->allow_partial, &note_a, e);
+        if (note_a && i == 0) partial0 = 1;
         if (note_a) {
             char *p = r->partial_note ? fo_strdupf("%s; %s", r->partial_note, note_a) : strdup(note_a);
             free(r->partial_note), free(note_a);
@@ -311,7 +313,7 @@ int fo_rank_diff_run(fo_file **files, int n, fo_file *b, const fo_diff_opts *o, 
     }
     fo_decl da = {0}, db = {0};
     int have_decl = 0;
-    if (!rc && !(rc = fo_decl_read(rf[0].f, o->allow_partial, &da, e))) {
+    if (!rc && !(rc = fo_decl_read(rf[0].f, partial0, &da, e))) {
         if ((rc = fo_decl_read(b, note_b != NULL, &db, e))) fo_decl_free(&da);
         else have_decl = 1;
     }
