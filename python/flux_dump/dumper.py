@@ -85,8 +85,9 @@ Options: `modules=` a predicate on the module name to record a subset (then pass
 `recorded_modules=` text for the attribute, "depth<=N" or "all"); `parallel=` a dict for the
 `parallel` attribute (its keys win over the dumper's; its `sharding` entries are merged in);
 `rank=`/`world=` when there is no torch.distributed process group; `dtype=`
-overrides the run's dtype name; `recorded_steps=` overrides the list worked out from the steps
-run. bfloat16 tensors are stored as float32 (HDF5 has no bfloat16), as the format
+overrides the run's dtype name; `recorded_steps=` ("0,1") declares a deliberate subset of the
+schedule the caller runs (e.g. only its first steps): the steps recorded must be exactly those,
+and then the steps left out need not have run. bfloat16 tensors are stored as float32 (HDF5 has no bfloat16), as the format
 says. Needs torch, h5py, numpy; diffusers is not imported here.
 """
 import contextlib
@@ -405,7 +406,15 @@ class FluxDumper:
         if n is not None and any(i < 0 or i >= n for i in done):
             raise RuntimeError(f"steps {done} recorded, but /inputs/sigmas announces {n} steps (0..{n - 1})")
         missing = n - len(done) if n is not None else 0
-        if missing > 0 and self._forwards_outside < missing:
+        declared = self.recorded_steps not in (None, "all")
+        if declared:
+            # the caller declared the subset it runs (e.g. only the first steps of the schedule,
+            # tools/torch/torch_flux.py --steps): it must be exactly the steps recorded
+            want = sorted(int(x) for x in str(self.recorded_steps).split(",") if x.strip())
+            if want != done:
+                raise RuntimeError(f"recorded_steps={self.recorded_steps!r} declared, but steps {done} were recorded: "
+                                   f"the dump stays partial")
+        if missing > 0 and not declared and self._forwards_outside < missing:
             # steps were left out because the loop stopped (a break, an exception caught by the
             # caller), not on purpose: a deliberate subset still runs the model at every step it
             # does not record, outside step(). Counted outside step() only, so that a run calling

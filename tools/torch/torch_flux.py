@@ -1119,8 +1119,11 @@ def run(args):
     extra["torch_flux_switches"] = json.dumps(desc, sort_keys=True)
     existed = os.path.lexists(args.out)
     try:
+        # --steps N < the schedule: a deliberate truncation, declared (the dumper refuses a
+        # subset it was not told about: a loop that stopped early must not look complete)
+        declared = ",".join(str(i) for i in range(n)) if n < n_all else None
         dumper = FluxDumper(args.out, models[0], config=cfg, dtype=args.dtype, producer=producer,
-                            compress=args.compress, extra_attrs=extra)
+                            compress=args.compress, extra_attrs=extra, recorded_steps=declared)
     except OSError as e:
         raise UsageError(f"{args.out}: cannot create: {os.strerror(e.errno) if e.errno else e}")
     try:
