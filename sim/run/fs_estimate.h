@@ -83,6 +83,10 @@ typedef struct fs_estimate_req {
                                  not estimated (only latents_in/out are counted) */
     int ckpt_dtype_size;      /* weights read from a checkpoint stored in this element size (2: BF16,
                                  as FLUX.1 ships); 0: synthetic */
+    int views_converted;      /* set by the estimate itself for the matched float64 truth of an in-job
+                                 bf16 --check: its weights are made in bf16 as views of the
+                                 checkpoint and converted, so the pages of the parameter being
+                                 converted are mapped meanwhile (dropped after it) */
     uint64_t baseline_bytes;  /* the process itself (libraries, MPI, OpenBLAS and HDF5 buffers),
                                  added to rank_bytes; FS_ESTIMATE_BASELINE for flux-sim */
 } fs_estimate_req;
