@@ -26,10 +26,10 @@ LEAK_FREE_TESTS="parallel_check.sh inject_check.sh comm_volume.sh"
 QUICK_TESTS="test_safetensors test_hardening test_estimate test_dump test_oracle test_ckpt test_ops test_conformance
              cli_errors.sh hostile_inputs.sh oracle_robust.sh dump_replay.sh rank_failure.sh faults.sh dump_select.sh"
 san_opts="halt_on_error=1:exitcode=86:log_path=$(pwd)/$logs/asan"
-export LSAN_OPTIONS="suppressions=$(pwd)/tools/lsan.supp:print_suppressions=0"
+export LSAN_OPTIONS="suppressions=$(pwd)/tools/ci/lsan.supp:print_suppressions=0"
 # UBSan: gcc's runtime ignores log_path when linked with ASan, so its reports go to stderr; the
 # exit code (87) fails the command, and the test logs are scanned for "runtime error:" below
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=87:suppressions=$(pwd)/tools/ubsan.supp"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=87:suppressions=$(pwd)/tools/ci/ubsan.supp"
 # keep Open MPI's and PMIx's components mapped, so leak stacks through them stay symbolised
 export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
