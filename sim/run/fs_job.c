@@ -16,6 +16,7 @@
 #include "fs_job.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,7 +209,7 @@ static void estimate_request(const fs_job_opts *o, const fs_config *cfg, int B, 
                               are the weights), which this slightly overstates */
                            .ckpt_dtype_size = o->weights ? 2 : 0};
     /* several ranks on one machine run one thread each unless --threads says otherwise */
-    if (!o->threads && tp * uly * ring > 1) r->threads = 1;
+    if (!o->threads && (int64_t)tp * uly * ring > 1) r->threads = 1; /* int64: the options are not checked yet */
 }
 
 /* A run that cannot fit is refused before its weights are made: the memory of every rank on
@@ -274,7 +275,12 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     tp = tp ? tp : 1;
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
-    const int n = tp * uly * ring, fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
+    /* in int64: each degree is an unchecked option here (10^6 x 10^6 overflowed an int) */
+    const int64_t n64 = (int64_t)tp * uly * ring;
+    if (!rc && n64 > INT_MAX)
+        rc = fs_errf(e, FS_E_INPUT, "--estimate: tp %d x ulysses %d x ring %d = %lld ranks: more than an MPI job can have",
+                     tp, uly, ring, (long long)n64);
+    const int n = rc ? 1 : (int)n64, fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
     if (!rc && (cfg.num_attention_heads % tp || cfg.num_attention_heads / tp % uly))
         rc = fs_errf(e, FS_E_INPUT, "--estimate: %d heads do not divide over tp %d x ulysses %d",
                      cfg.num_attention_heads, tp, uly);

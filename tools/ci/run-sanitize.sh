@@ -24,7 +24,8 @@ logs=$B/san-logs
 rm -rf "$logs"; mkdir -p "$logs"
 LEAK_FREE_TESTS="parallel_check.sh inject_check.sh comm_volume.sh"
 QUICK_TESTS="test_safetensors test_hardening test_estimate test_dump test_oracle test_ckpt test_ops test_conformance
-             cli_errors.sh hostile_inputs.sh oracle_robust.sh dump_replay.sh rank_failure.sh faults.sh dump_select.sh"
+             test_parallel cli_errors.sh hostile_inputs.sh oracle_robust.sh dump_replay.sh rank_failure.sh faults.sh dump_select.sh
+             cli_hostile.sh oracle_hostile.sh leftovers.sh"
 san_opts="halt_on_error=1:exitcode=86:log_path=$(pwd)/$logs/asan"
 export LSAN_OPTIONS="suppressions=$(pwd)/tools/ci/lsan.supp:print_suppressions=0"
 # UBSan: gcc's runtime ignores log_path when linked with ASan, so its reports go to stderr; the
