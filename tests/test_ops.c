@@ -264,6 +264,38 @@ static void test_modulate_and_gate(void **s)
     fs_tensor_free(&g);
 }
 
+static void test_mul(void **s)
+{
+    /* y = x·z element-wise (FLUX.2's SwiGLU); bf16: the exact product rounded once */
+    fs_tensor x, z, y, xb, zb, yb;
+    fs_tensor_alloc2(&x, FS_F64, 2, 3, NULL);
+    fs_tensor_alloc2(&z, FS_F64, 2, 3, NULL);
+    fs_tensor_alloc2(&y, FS_F64, 2, 3, NULL);
+    const double xv[6] = {1.5, -2, 3, 0.1, 1.0 / 3, -7}, zv[6] = {2, 0.25, -1, 10, 3, 1.0 + 1.0 / 128};
+    for (int i = 0; i < 6; i++) {
+        fs_tensor_set(&x, i, xv[i]);
+        fs_tensor_set(&z, i, zv[i]);
+    }
+    assert_int_equal(be->mul(be, &y, &x, &z, NULL), 0);
+    for (int i = 0; i < 6; i++) close_to(fs_tensor_get(&y, i), xv[i] * zv[i], 0, "mul f64");
+    fs_tensor_alloc2(&xb, FS_BF16, 2, 3, NULL);
+    fs_tensor_alloc2(&zb, FS_BF16, 2, 3, NULL);
+    fs_tensor_alloc2(&yb, FS_BF16, 2, 3, NULL);
+    for (int i = 0; i < 6; i++) {
+        fs_tensor_set(&xb, i, xv[i]);
+        fs_tensor_set(&zb, i, zv[i]);
+    }
+    assert_int_equal(be->mul(be, &yb, &xb, &zb, NULL), 0);
+    for (int i = 0; i < 6; i++) {
+        const double want = fs_bf16_round((float)(fs_tensor_get(&xb, i) * fs_tensor_get(&zb, i)));
+        close_to(fs_tensor_get(&yb, i), want, 0, "mul bf16");
+    }
+    /* -7 · (1 + 1/128) = -7.0546875 needs 10 significant bits: rounded to bf16's 8 */
+    assert_true(fs_tensor_get(&yb, 5) != -7.0546875);
+    fs_tensor *all[] = {&x, &z, &y, &xb, &zb, &yb};
+    for (int i = 0; i < 6; i++) fs_tensor_free(all[i]);
+}
+
 /* ---- embeddings ---- */
 
 static void test_sinusoid_layout(void **s)
@@ -918,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_layernorm_no_affine),
         cmocka_unit_test(test_rmsnorm_per_head),
         cmocka_unit_test(test_modulate_and_gate),
+        cmocka_unit_test(test_mul),
         cmocka_unit_test(test_sinusoid_layout),
         cmocka_unit_test(test_rope_tables_axes),
         cmocka_unit_test(test_rope_adjacent_pairs),

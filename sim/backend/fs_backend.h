@@ -74,6 +74,9 @@ struct fs_backend {
     int (*convert)(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);
     /* y = x + z (same numel, same dtype). */
     int (*add)(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e);
+    /* y = x · z element-wise (same numel, same dtype): SwiGLU's silu(gate) · up (FLUX.2). bf16:
+     * the product of the two bf16 values rounded once, as torch's CPU and CUDA mul. */
+    int (*mul)(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e);
     /* y[m, n] += b[n], b of length N = y's last dim. */
     int (*add_bias)(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e);
     /* y = a·y + b·x, element-wise (same numel, same dtype). The scheduler's Euler step is

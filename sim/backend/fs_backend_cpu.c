@@ -231,6 +231,16 @@ static int cpu_add_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
     return FS_OK;
 }
 
+static int cpu_mul_bf16(fs_tensor *y, const fs_tensor *x, const fs_tensor *z)
+{
+    uint16_t *o = y->data;
+    const uint16_t *a = x->data, *b = z->data;
+    const int64_t n = fs_tensor_numel(y);
+#pragma omp parallel for if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) o[i] = fs_bf16_from_float(fs_bf16_to_float(a[i]) * fs_bf16_to_float(b[i]));
+    return FS_OK;
+}
+
 static int cpu_add_bias_bf16(fs_tensor *y, const fs_tensor *bias)
 {
     uint16_t *p = y->data;
@@ -378,6 +388,11 @@ static int cpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_te
     if (y->dtype == FS_BF16) return cpu_add_bf16(y, x, z);
     DISPATCH(y->dtype, "add", cpu_add_f32, cpu_add_f64, y, x, z);
 }
+static int cpu_mul(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
+{
+    if (y->dtype == FS_BF16) return cpu_mul_bf16(y, x, z);
+    DISPATCH(y->dtype, "mul", cpu_mul_f32, cpu_mul_f64, y, x, z);
+}
 static int cpu_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e)
 {
     if (y->dtype == FS_BF16) return cpu_add_bias_bf16(y, b);
@@ -461,7 +476,7 @@ static int cpu_ring_merge(fs_backend *be, fs_tensor *out, fs_tensor *lse, const 
 #define CPU_OPS                                                                                              \
     .alloc = cpu_alloc, .free = cpu_free, .memset = cpu_memset, .upload2d = cpu_copy2d, .download2d = cpu_copy2d, \
     .copy2d = cpu_copy2d, .sync = cpu_sync, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free,          \
-    .gemm = cpu_gemm, .convert = cpu_convert, .add = cpu_add, .add_bias = cpu_add_bias, .axpby = cpu_axpby,    \
+    .gemm = cpu_gemm, .convert = cpu_convert, .add = cpu_add, .mul = cpu_mul, .add_bias = cpu_add_bias, .axpby = cpu_axpby,    \
     .silu = cpu_silu, .gelu_tanh = cpu_gelu_tanh, .layernorm = cpu_layernorm, .rmsnorm = cpu_rmsnorm,          \
     .modulate = cpu_modulate, .gated_add = cpu_gated_add, .rope = cpu_rope, .attention = cpu_attention,       \
     .lse_convert = cpu_lse_convert, .ring_merge = cpu_ring_merge

@@ -124,6 +124,10 @@ static int s_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tens
 {
     T3(add, y, x, z) return rc ? rc : CPU->add(BE, &y_, &x_, &z_, e);
 }
+static int s_mul(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
+{
+    T3(mul, y, x, z) return rc ? rc : CPU->mul(BE, &y_, &x_, &z_, e);
+}
 static int s_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e)
 {
     T2(add_bias, y, b) return rc ? rc : CPU->add_bias(BE, &y_, &b_, e);
@@ -187,7 +191,7 @@ static fs_backend strict = {
     .lse_layout = FS_LSE_BHS,
     .alloc = s_alloc, .free = s_free, .memset = s_memset, .upload2d = s_upload2d, .download2d = s_download2d,
     .copy2d = s_copy2d, .sync = s_sync, .host_alloc = s_host_alloc, .host_free = s_host_free,
-    .gemm = s_gemm, .convert = s_convert, .add = s_add, .add_bias = s_add_bias, .axpby = s_axpby, .silu = s_silu,
+    .gemm = s_gemm, .convert = s_convert, .add = s_add, .mul = s_mul, .add_bias = s_add_bias, .axpby = s_axpby, .silu = s_silu,
     .gelu_tanh = s_gelu_tanh, .layernorm = s_layernorm, .rmsnorm = s_rmsnorm, .modulate = s_modulate,
     .gated_add = s_gated_add, .rope = s_rope, .attention = s_attention, .lse_convert = s_lse_convert,
     .ring_merge = s_ring_merge,

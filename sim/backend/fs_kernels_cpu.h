@@ -17,6 +17,7 @@ void cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, c
 void cpu_add_bias_f32(fs_tensor *y, const fs_tensor *bias);
 void cpu_axpby_f32(fs_tensor *y, double a, const fs_tensor *x, double b);
 void cpu_add_f32(fs_tensor *y, const fs_tensor *x, const fs_tensor *z);
+void cpu_mul_f32(fs_tensor *y, const fs_tensor *x, const fs_tensor *z);
 void cpu_silu_f32(fs_tensor *y, const fs_tensor *x);
 void cpu_gelu_tanh_f32(fs_tensor *y, const fs_tensor *x);
 void cpu_layernorm_f32(fs_tensor *y, const fs_tensor *x, double eps);
@@ -39,6 +40,7 @@ void cpu_gemm_f64(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, c
 void cpu_add_bias_f64(fs_tensor *y, const fs_tensor *bias);
 void cpu_axpby_f64(fs_tensor *y, double a, const fs_tensor *x, double b);
 void cpu_add_f64(fs_tensor *y, const fs_tensor *x, const fs_tensor *z);
+void cpu_mul_f64(fs_tensor *y, const fs_tensor *x, const fs_tensor *z);
 void cpu_silu_f64(fs_tensor *y, const fs_tensor *x);
 void cpu_gelu_tanh_f64(fs_tensor *y, const fs_tensor *x);
 void cpu_layernorm_f64(fs_tensor *y, const fs_tensor *x, double eps);

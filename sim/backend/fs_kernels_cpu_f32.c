@@ -32,6 +32,7 @@ void cpu_gemm_bias_first_f32(int64_t M, int64_t N, int64_t K, const void *A, int
 void cpu_add_bias_f32(fs_tensor *y, const fs_tensor *bias) { cpu_kernel_add_bias(y, bias); }
 void cpu_axpby_f32(fs_tensor *y, double a, const fs_tensor *x, double b) { cpu_kernel_axpby(y, a, x, b); }
 void cpu_add_f32(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { cpu_kernel_add(y, x, z); }
+void cpu_mul_f32(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { cpu_kernel_mul(y, x, z); }
 void cpu_silu_f32(fs_tensor *y, const fs_tensor *x) { cpu_kernel_silu(y, x); }
 void cpu_gelu_tanh_f32(fs_tensor *y, const fs_tensor *x) { cpu_kernel_gelu_tanh(y, x); }
 void cpu_layernorm_f32(fs_tensor *y, const fs_tensor *x, double eps) { cpu_kernel_layernorm(y, x, eps); }

@@ -24,6 +24,7 @@ void cpu_gemm_f64(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, c
 void cpu_add_bias_f64(fs_tensor *y, const fs_tensor *bias) { cpu_kernel_add_bias(y, bias); }
 void cpu_axpby_f64(fs_tensor *y, double a, const fs_tensor *x, double b) { cpu_kernel_axpby(y, a, x, b); }
 void cpu_add_f64(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { cpu_kernel_add(y, x, z); }
+void cpu_mul_f64(fs_tensor *y, const fs_tensor *x, const fs_tensor *z) { cpu_kernel_mul(y, x, z); }
 void cpu_silu_f64(fs_tensor *y, const fs_tensor *x) { cpu_kernel_silu(y, x); }
 void cpu_gelu_tanh_f64(fs_tensor *y, const fs_tensor *x) { cpu_kernel_gelu_tanh(y, x); }
 void cpu_layernorm_f64(fs_tensor *y, const fs_tensor *x, double eps) { cpu_kernel_layernorm(y, x, eps); }

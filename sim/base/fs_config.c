@@ -12,7 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *const preset_names[] = {"default", "flux-dev", "flux-schnell", "tiny", "odd", NULL};
+static const char *const preset_names[] = {"default", "flux-dev", "flux-schnell", "tiny", "odd", "flux2-dev",
+                                           "flux2-klein-4b", "flux2-klein-9b", "flux2-default", "flux2-tiny", NULL};
 
 const char *const *fs_config_preset_names(void) { return preset_names; }
 
@@ -42,16 +43,49 @@ int fs_config_preset(fs_config *c, const char *name, fs_err *e)
                          .num_single_layers = 3, .attention_head_dim = 16, .num_attention_heads = 6,
                          .joint_attention_dim = 40, .pooled_projection_dim = 24, .guidance_embeds = 0,
                          .axes_dims_rope = {4, 6, 6}};
+    } else if (!strncmp(name, "flux2-", 6)) {
+        /* FLUX.2: diffusers' scripts/convert_flux2_to_diffusers.py get_flux2_transformer_config
+         * (dev, klein-4b, klein-9b); flux2-tiny = ../shared/reference/flux2-tiny/config.json;
+         * flux2-default the demo width, 8 heads like `default` */
+        struct { const char *n; int in, L, SL, H, Dh, joint, g, ax; } f2[] = {
+            {"flux2-dev", 128, 8, 48, 48, 128, 15360, 1, 32},  {"flux2-klein-4b", 128, 5, 20, 24, 128, 7680, 0, 32},
+            {"flux2-klein-9b", 128, 8, 24, 32, 128, 12288, 0, 32}, {"flux2-tiny", 16, 2, 3, 4, 32, 48, 1, 8},
+            {"flux2-default", 32, 2, 4, 8, 32, 128, 1, 8},
+        };
+        size_t i = 0;
+        while (i < FS_ARRAY_LEN(f2) && strcmp(f2[i].n, name)) i++;
+        if (i == FS_ARRAY_LEN(f2)) goto unknown;
+        *c = (fs_config){.patch_size = 1, .in_channels = f2[i].in, .out_channels = f2[i].in, .num_layers = f2[i].L,
+                         .num_single_layers = f2[i].SL, .attention_head_dim = f2[i].Dh,
+                         .num_attention_heads = f2[i].H, .joint_attention_dim = f2[i].joint,
+                         .guidance_embeds = f2[i].g, .family = FS_FLUX2, .n_axes = 4, .rope_theta = 2000,
+                         .mlp_ratio = 3.0, .timestep_guidance_channels = 256, .eps = 1e-6,
+                         .axes_dims_rope = {f2[i].ax, f2[i].ax, f2[i].ax, f2[i].ax}};
     } else {
-        return fs_errf(e, FS_E_INPUT, "unknown config preset '%s' (known: default, flux-dev, flux-schnell, tiny, odd)",
-                       name);
+        goto unknown;
     }
+    if (c->family == FS_FLUX1) c->n_axes = 3;
     return FS_OK;
+unknown:
+    return fs_errf(e, FS_E_INPUT,
+                   "unknown config preset '%s' (known: default, flux-dev, flux-schnell, tiny, odd, flux2-dev, "
+                   "flux2-klein-4b, flux2-klein-9b, flux2-default, flux2-tiny)",
+                   name);
 }
 
 /* Closed form of fs_config_params' element count (the unit tests compare the two). */
 int64_t fs_config_num_params(const fs_config *c)
 {
+    if (c->family == FS_FLUX2) { /* no biases; see fs_config_params */
+        const int64_t D = (int64_t)c->num_attention_heads * c->attention_head_dim, F = fs_config_mlp_hidden(c),
+                      Dh = c->attention_head_dim, tg = c->timestep_guidance_channels;
+        int64_t top = (int64_t)c->in_channels * D + (int64_t)c->joint_attention_dim * D + tg * D + D * D +
+                      (c->guidance_embeds ? tg * D + D * D : 0) + 2 * 6 * D * D + 3 * D * D;
+        int64_t dbl = 8 * D * D + 4 * Dh + 2 * (2 * F * D + F * D);
+        int64_t sgl = (3 * D + 2 * F) * D + 2 * Dh + (D + F) * D;
+        int64_t head = 2 * D * D + D * (int64_t)c->patch_size * c->patch_size * c->out_channels;
+        return top + c->num_layers * dbl + c->num_single_layers * sgl + head;
+    }
     const int64_t D = (int64_t)c->num_attention_heads * c->attention_head_dim, F = 4 * D,
                   Dh = c->attention_head_dim;
 #define LIN(in, out) ((int64_t)(in) * (out) + (out))
@@ -77,8 +111,14 @@ int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
         {"attention_head_dim", c->attention_head_dim, 1, FS_CONFIG_MAX_HEAD_DIM, "128"},
         {"num_attention_heads", c->num_attention_heads, 1, FS_CONFIG_MAX_HEADS, "24"},
         {"joint_attention_dim", c->joint_attention_dim, 1, FS_CONFIG_MAX_WIDTH, "4096"},
-        {"pooled_projection_dim", c->pooled_projection_dim, 1, FS_CONFIG_MAX_WIDTH, "768"},
+        /* FLUX.2 has no pooled vector (0); its sinusoid width is configurable */
+        {"pooled_projection_dim", c->pooled_projection_dim, c->family == FS_FLUX2 ? 0 : 1, FS_CONFIG_MAX_WIDTH, "768"},
+        {"timestep_guidance_channels", fs_config_time_channels(c), 2, FS_CONFIG_MAX_WIDTH, "256"},
+        {"len(axes_dims_rope)", fs_config_axes(c), c->family == FS_FLUX2 ? 1 : 3, c->family == FS_FLUX2 ? FS_MAX_AXES : 3,
+         "3 (FLUX.2: 4)"},
     };
+    if (c->family != FS_FLUX1 && c->family != FS_FLUX2)
+        return fs_errf(e, FS_E_INPUT, "%s: config family %d is neither FLUX.1 nor FLUX.2", origin, (int)c->family);
     for (size_t i = 0; i < FS_ARRAY_LEN(lim); i++) {
         if (lim[i].v >= lim[i].lo && lim[i].v <= lim[i].hi) continue;
         if (!strcmp(lim[i].k, "patch_size"))
@@ -97,15 +137,30 @@ int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
                        "%s: config out_channels = %d differs from in_channels = %d; the sampler adds the output to "
                        "the latents, so they must be equal (or out_channels null)",
                        origin, c->out_channels, c->in_channels);
+    if (c->family == FS_FLUX2) {
+        /* the sinusoid is [cos | sin] of channels/2 frequencies; diffusers pads an odd width with a
+         * zero column, which no FLUX.2 uses: refused rather than silently half-supported */
+        if (c->timestep_guidance_channels % 2)
+            return fs_errf(e, FS_E_INPUT, "%s: config timestep_guidance_channels = %d must be even", origin,
+                           c->timestep_guidance_channels);
+        if (!(c->mlp_ratio > 0 && c->mlp_ratio <= 16))
+            return fs_errf(e, FS_E_INPUT, "%s: config mlp_ratio = %g, must be in (0, 16] (FLUX.2 has 3.0)", origin,
+                           c->mlp_ratio);
+        if (c->rope_theta < 1)
+            return fs_errf(e, FS_E_INPUT, "%s: config rope_theta = %d, must be positive (FLUX.2 has 2000)", origin,
+                           c->rope_theta);
+        if (!(c->eps > 0 && c->eps < 1))
+            return fs_errf(e, FS_E_INPUT, "%s: config eps = %g, must be in (0, 1) (FLUX.2 has 1e-06)", origin, c->eps);
+    }
     if (c->guidance_embeds != 0 && c->guidance_embeds != 1)
         return fs_errf(e, FS_E_INPUT, "%s: config guidance_embeds = %d, must be 0 or 1", origin, c->guidance_embeds);
     int sum = 0;
-    for (int i = 0; i < FS_MAX_AXES; i++) {
+    for (int i = 0; i < fs_config_axes(c); i++) {
         const int a = c->axes_dims_rope[i];
         if (a <= 0 || a % 2 || a > FS_CONFIG_MAX_HEAD_DIM)
             return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] = %d, must be positive, even and <= %d", origin,
                            i, a, FS_CONFIG_MAX_HEAD_DIM);
-        sum += a; /* <= 3 * 1024 */
+        sum += a; /* <= 4 * 1024 */
     }
     if (sum != c->attention_head_dim)
         return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope sums to %d but attention_head_dim is %d", origin, sum,
@@ -116,6 +171,9 @@ int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
                        "%s: config num_attention_heads x attention_head_dim = %d x %d = %lld hidden features exceeds "
                        "flux-sim's limit of %d (FLUX.1 has 3072)",
                        origin, c->num_attention_heads, c->attention_head_dim, (long long)hidden, FS_CONFIG_MAX_WIDTH);
+    if (c->family == FS_FLUX2 && fs_config_mlp_hidden(c) < 1)
+        return fs_errf(e, FS_E_INPUT, "%s: config mlp_ratio = %g gives an MLP of width int(%lld x %g) = 0", origin,
+                       c->mlp_ratio, (long long)hidden, c->mlp_ratio);
     const int64_t np = fs_config_num_params(c);
     if (np > FS_CONFIG_MAX_PARAMS)
         return fs_errf(e, FS_E_INPUT,
@@ -186,34 +244,90 @@ int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_e
         rc = fs_errf(e, FS_E_INPUT, "%s: config is not a JSON object", origin);
         goto out;
     }
+    /* the family: _class_name as diffusers writes it; without one, FLUX.1 (older flux-sim dumps
+     * and hand-written configs) */
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
+    if (cls && !cJSON_IsNull(cls)) {
+        if (!cJSON_IsString(cls) || (strcmp(cls->valuestring, "FluxTransformer2DModel") &&
+                                     strcmp(cls->valuestring, "Flux2Transformer2DModel"))) {
+            char xb[32];
+            rc = fs_errf(e, FS_E_INPUT,
+                         "%s: config _class_name '%s' is not a FLUX transformer (FluxTransformer2DModel, "
+                         "Flux2Transformer2DModel)", origin, cJSON_IsString(cls) ? excerpt(cls->valuestring, xb, sizeof xb) : "?");
+            goto out;
+        }
+        if (!strcmp(cls->valuestring, "Flux2Transformer2DModel")) c->family = FS_FLUX2;
+    }
+    const int f2 = c->family == FS_FLUX2;
     c->patch_size = 1;
     c->out_channels = 0;
+    if (f2) { /* Flux2Transformer2DModel.__init__'s defaults (FLUX.2 [dev]): diffusers applies them
+                 to every key a config.json leaves out, so flux-sim does too */
+        /* field by field: c was memset, so its padding stays zero (fuzz_config compares bytes) */
+        c->in_channels = 128;
+        c->num_layers = 8;
+        c->num_single_layers = 48;
+        c->attention_head_dim = 128;
+        c->num_attention_heads = 48;
+        c->joint_attention_dim = 15360;
+        c->timestep_guidance_channels = 256;
+        c->mlp_ratio = 3.0;
+        c->rope_theta = 2000;
+        c->eps = 1e-6;
+        c->guidance_embeds = 1;
+        c->n_axes = 4;
+        for (int i = 0; i < 4; i++) c->axes_dims_rope[i] = 32;
+    }
     struct { const char *k; int *v; int req; } keys[] = {
         {"patch_size", &c->patch_size, 0},
-        {"in_channels", &c->in_channels, 1},
+        {"in_channels", &c->in_channels, !f2},
         {"out_channels", &c->out_channels, 0},
-        {"num_layers", &c->num_layers, 1},
-        {"num_single_layers", &c->num_single_layers, 1},
-        {"attention_head_dim", &c->attention_head_dim, 1},
-        {"num_attention_heads", &c->num_attention_heads, 1},
-        {"joint_attention_dim", &c->joint_attention_dim, 1},
-        {"pooled_projection_dim", &c->pooled_projection_dim, 1},
+        {"num_layers", &c->num_layers, !f2},
+        {"num_single_layers", &c->num_single_layers, !f2},
+        {"attention_head_dim", &c->attention_head_dim, !f2},
+        {"num_attention_heads", &c->num_attention_heads, !f2},
+        {"joint_attention_dim", &c->joint_attention_dim, !f2},
+        {f2 ? "timestep_guidance_channels" : "pooled_projection_dim", f2 ? &c->timestep_guidance_channels : &c->pooled_projection_dim, !f2},
     };
     for (size_t i = 0; i < FS_ARRAY_LEN(keys); i++)
         if ((rc = json_int(root, keys[i].k, keys[i].v, keys[i].req, origin, e))) goto out;
     if (c->out_channels == 0) c->out_channels = c->in_channels; /* diffusers: out_channels or in_channels */
+    if (f2) {
+        if ((rc = json_int(root, "rope_theta", &c->rope_theta, 0, origin, e))) goto out;
+        struct { const char *k; double *v; } reals[] = {{"mlp_ratio", &c->mlp_ratio}, {"eps", &c->eps}};
+        for (size_t i = 0; i < FS_ARRAY_LEN(reals); i++) {
+            const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, reals[i].k);
+            if (!it || cJSON_IsNull(it)) continue;
+            char nb[48];
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
+                rc = fs_errf(e, FS_E_INPUT, "%s: config key '%s' is %s, not a finite number", origin, reals[i].k,
+                             num_str(it, nb, sizeof nb));
+                goto out;
+            }
+            *reals[i].v = it->valuedouble;
+        }
+    }
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(root, "guidance_embeds");
-    if (!g || !cJSON_IsBool(g)) {
+    if (f2 && !g) {
+        /* default kept */
+    } else if (!g || !cJSON_IsBool(g)) {
         rc = fs_errf(e, FS_E_INPUT, "%s: config key 'guidance_embeds' missing or not a boolean", origin);
         goto out;
+    } else {
+        c->guidance_embeds = cJSON_IsTrue(g);
     }
-    c->guidance_embeds = cJSON_IsTrue(g);
     const cJSON *ax = cJSON_GetObjectItemCaseSensitive(root, "axes_dims_rope");
-    if (!ax || !cJSON_IsArray(ax) || cJSON_GetArraySize(ax) != FS_MAX_AXES) {
-        rc = fs_errf(e, FS_E_INPUT, "%s: config key 'axes_dims_rope' must be an array of 3 integers", origin);
+    const int max_ax = f2 ? FS_MAX_AXES : 3;
+    if (f2 && !ax) goto validate;
+    if (!ax || !cJSON_IsArray(ax) || (f2 ? (cJSON_GetArraySize(ax) < 1 || cJSON_GetArraySize(ax) > max_ax)
+                                         : cJSON_GetArraySize(ax) != 3)) {
+        rc = fs_errf(e, FS_E_INPUT, "%s: config key 'axes_dims_rope' must be an array of %s integers", origin,
+                     f2 ? "1 to 4" : "3");
         goto out;
     }
-    for (int i = 0; i < FS_MAX_AXES; i++) {
+    c->n_axes = cJSON_GetArraySize(ax);
+    memset(c->axes_dims_rope, 0, sizeof c->axes_dims_rope);
+    for (int i = 0; i < c->n_axes; i++) {
         const cJSON *v = cJSON_GetArrayItem(ax, i);
         char nb[48];
         /* not valueint: cJSON truncates 8.9 to 8 and saturates 1e99 there */
@@ -223,6 +337,7 @@ int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_e
             goto out;
         }
     }
+validate:
     rc = fs_config_validate(c, origin, e);
 out:
     cJSON_Delete(root);
@@ -247,7 +362,26 @@ int fs_config_from_file(fs_config *c, const char *path, fs_err *e)
 char *fs_config_to_json(const fs_config *c)
 {
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "_class_name", "FluxTransformer2DModel");
+    cJSON_AddStringToObject(r, "_class_name", fs_config_class_name(c));
+    if (c->family == FS_FLUX2) { /* the keys of Flux2Transformer2DModel's config, in its order */
+        cJSON_AddNumberToObject(r, "patch_size", c->patch_size);
+        cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
+        cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
+        cJSON_AddNumberToObject(r, "num_layers", c->num_layers);
+        cJSON_AddNumberToObject(r, "num_single_layers", c->num_single_layers);
+        cJSON_AddNumberToObject(r, "attention_head_dim", c->attention_head_dim);
+        cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
+        cJSON_AddNumberToObject(r, "joint_attention_dim", c->joint_attention_dim);
+        cJSON_AddNumberToObject(r, "timestep_guidance_channels", c->timestep_guidance_channels);
+        cJSON_AddNumberToObject(r, "mlp_ratio", c->mlp_ratio);
+        cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, fs_config_axes(c)));
+        cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+        cJSON_AddNumberToObject(r, "eps", c->eps);
+        cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
+        char *s = cJSON_PrintUnformatted(r);
+        cJSON_Delete(r);
+        return s;
+    }
     cJSON_AddNumberToObject(r, "patch_size", c->patch_size);
     cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
     cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
@@ -258,7 +392,7 @@ char *fs_config_to_json(const fs_config *c)
     cJSON_AddNumberToObject(r, "joint_attention_dim", c->joint_attention_dim);
     cJSON_AddNumberToObject(r, "pooled_projection_dim", c->pooled_projection_dim);
     cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
-    cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, FS_MAX_AXES));
+    cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, 3));
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     return s;
@@ -306,9 +440,70 @@ static void add_linear(plist *l, int64_t in, int64_t out, const char *prefix)
     add(l, FS_PARAM_BIAS, out, 0, "%s.bias", prefix);
 }
 
+/* A Linear(in -> out) without bias (every Linear of FLUX.2): "<prefix>.weight" [out, in]. */
+static void add_weight(plist *l, int64_t in, int64_t out, const char *prefix)
+{
+    add(l, FS_PARAM_LINEAR_W, out, in, "%s.weight", prefix);
+}
+
+/* Flux2Transformer2DModel's state_dict (55 tensors for flux2-tiny): no biases anywhere; the
+ * modulation linears are shared by all blocks of a stream; SwiGLU linear_in is [gate | up]
+ * (2·F rows); the single block's to_qkv_mlp_proj is [q | k | v | gate | up] (3·D + 2·F rows) and
+ * its to_out reads cat[attn, mlp] (D + F columns). */
+static void flux2_params(plist *l, const fs_config *c)
+{
+    const int64_t D = fs_config_hidden(c), F = fs_config_mlp_hidden(c), Dh = c->attention_head_dim,
+                  tg = c->timestep_guidance_channels;
+    char pre[128];
+    add_weight(l, c->in_channels, D, "x_embedder");
+    add_weight(l, c->joint_attention_dim, D, "context_embedder");
+    add_weight(l, tg, D, "time_guidance_embed.timestep_embedder.linear_1");
+    add_weight(l, D, D, "time_guidance_embed.timestep_embedder.linear_2");
+    if (c->guidance_embeds) {
+        add_weight(l, tg, D, "time_guidance_embed.guidance_embedder.linear_1");
+        add_weight(l, D, D, "time_guidance_embed.guidance_embedder.linear_2");
+    }
+    add_weight(l, D, 6 * D, "double_stream_modulation_img.linear");
+    add_weight(l, D, 6 * D, "double_stream_modulation_txt.linear");
+    add_weight(l, D, 3 * D, "single_stream_modulation.linear");
+    for (int i = 0; i < c->num_layers; i++) {
+        static const char *const lin[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj",
+                                          "attn.add_k_proj", "attn.add_v_proj", "attn.to_out.0", "attn.to_add_out"};
+        for (size_t k = 0; k < FS_ARRAY_LEN(lin); k++) {
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s", i, lin[k]);
+            add_weight(l, D, D, pre);
+        }
+        static const char *const rms[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+        for (size_t k = 0; k < FS_ARRAY_LEN(rms); k++)
+            add(l, FS_PARAM_RMS_W, Dh, 0, "transformer_blocks.%d.attn.%s.weight", i, rms[k]);
+        static const char *const ffs[] = {"ff", "ff_context"};
+        for (size_t k = 0; k < 2; k++) {
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s.linear_in", i, ffs[k]);
+            add_weight(l, D, 2 * F, pre);
+            snprintf(pre, sizeof pre, "transformer_blocks.%d.%s.linear_out", i, ffs[k]);
+            add_weight(l, F, D, pre);
+        }
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+        add_weight(l, D, 3 * D + 2 * F, pre);
+        add(l, FS_PARAM_RMS_W, Dh, 0, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+        add(l, FS_PARAM_RMS_W, Dh, 0, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+        snprintf(pre, sizeof pre, "single_transformer_blocks.%d.attn.to_out", i);
+        add_weight(l, D + F, D, pre);
+    }
+    add_weight(l, D, 2 * D, "norm_out.linear");
+    add_weight(l, D, fs_config_out_width(c), "proj_out");
+}
+
 fs_param_desc *fs_config_params(const fs_config *c, int *n)
 {
     plist l = {.p = malloc(256 * sizeof(fs_param_desc)), .n = 0, .cap = 256};
+    if (c->family == FS_FLUX2) {
+        flux2_params(&l, c);
+        *n = l.n;
+        return l.p;
+    }
     const int64_t D = fs_config_hidden(c), F = fs_config_mlp_hidden(c), Dh = c->attention_head_dim;
     char pre[128];
 

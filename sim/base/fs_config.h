@@ -1,13 +1,22 @@
 /* fs_config.h — the FLUX transformer configuration, in diffusers' config.json keys.
  *
  * Source of a config: a config.json file, the `config` root attribute of a flux-dump, or a
- * preset name (flux-dev, flux-schnell, and the small built-in `default` the demo runs). */
+ * preset name (flux-dev, flux-schnell, flux2-dev, flux2-klein-4b, flux2-klein-9b, and the small
+ * built-in `default` the demo runs).
+ *
+ * Two model families share this struct: FLUX.1 (diffusers FluxTransformer2DModel) and FLUX.2
+ * (Flux2Transformer2DModel), told apart by config.json's `_class_name`. FLUX.2 has no pooled
+ * vector and no biases, a SwiGLU MLP of width mlp_ratio·D, 4 RoPE axes with θ = 2000 and
+ * configurable timestep channels; FLUX.1's values of those fields are fixed (4·D, 3 axes, 10000,
+ * 256). */
 #ifndef FS_CONFIG_H
 #define FS_CONFIG_H
 
 #include "fs_common.h"
 
-#define FS_MAX_AXES 3
+#define FS_MAX_AXES 4 /* RoPE axes: FLUX.1 has 3 (T, H, W), FLUX.2 4 (T, H, W, L) */
+
+typedef enum fs_family { FS_FLUX1 = 0, FS_FLUX2 = 1 } fs_family;
 
 typedef struct fs_config {
     int patch_size;
@@ -18,10 +27,19 @@ typedef struct fs_config {
     int attention_head_dim;
     int num_attention_heads;
     int joint_attention_dim;
-    int pooled_projection_dim;
+    int pooled_projection_dim;   /* FLUX.1 only (FLUX.2 has no pooled vector: 0) */
     int guidance_embeds;         /* 0/1 */
     int axes_dims_rope[FS_MAX_AXES];
+    fs_family family;            /* FS_FLUX1 unless config.json's _class_name says FLUX.2 */
+    int n_axes;                  /* RoPE axes = columns of the ids; 0 means FLUX.1's 3 */
+    /* FLUX.2 (fs_config_* accessors give FLUX.1's fixed values for a FLUX.1 config). 18 ints
+     * then the doubles: no padding bytes, so configs compare with memcmp (fs_job, fuzz_config) */
+    int rope_theta;              /* 2000 (an int in diffusers' signature too) */
+    int timestep_guidance_channels; /* 256: the sinusoid's width */
+    double mlp_ratio;            /* 3.0: MLP width int(D·mlp_ratio) */
+    double eps;                  /* LayerNorm and RMSNorm eps, 1e-6 */
 } fs_config;
+_Static_assert(sizeof(fs_config) == 18 * sizeof(int) + 2 * sizeof(double), "fs_config has padding: memcmp breaks");
 
 /* Plausibility limits, checked by fs_config_validate (and so for every config.json, every dump's
  * `config` attribute and every preset) before anything is sized from a config.
@@ -42,14 +60,34 @@ typedef struct fs_config {
 
 /* Derived sizes (int is safe for every config fs_config_validate accepts: see the limits above). */
 static inline int fs_config_hidden(const fs_config *c) { return c->num_attention_heads * c->attention_head_dim; }
-static inline int fs_config_mlp_hidden(const fs_config *c) { return 4 * fs_config_hidden(c); }
+/* FLUX.1: 4·D (GELU MLP, proj_mlp). FLUX.2: int(D·mlp_ratio), as diffusers' Flux2FeedForward and
+ * Flux2ParallelSelfAttention compute it; linear_in and the single block's MLP part are twice that
+ * (SwiGLU's gate | up). */
+static inline int fs_config_mlp_hidden(const fs_config *c)
+{
+    return c->family == FS_FLUX2 ? (int)(fs_config_hidden(c) * c->mlp_ratio) : 4 * fs_config_hidden(c);
+}
+static inline int fs_config_axes(const fs_config *c) { return c->n_axes ? c->n_axes : 3; }
+static inline double fs_config_rope_theta(const fs_config *c) { return c->family == FS_FLUX2 ? c->rope_theta : 10000.0; }
+static inline int fs_config_time_channels(const fs_config *c)
+{
+    return c->family == FS_FLUX2 ? c->timestep_guidance_channels : 256;
+}
+static inline double fs_config_eps(const fs_config *c) { return c->family == FS_FLUX2 ? c->eps : 1e-6; }
+/* diffusers' class name of the family, as config.json's _class_name */
+static inline const char *fs_config_class_name(const fs_config *c)
+{
+    return c->family == FS_FLUX2 ? "Flux2Transformer2DModel" : "FluxTransformer2DModel";
+}
 /* proj_out width: patch_size² · out_channels */
 static inline int fs_config_out_width(const fs_config *c) { return c->patch_size * c->patch_size * c->out_channels; }
 
 /* Parse JSON text. `origin` names the source in error messages (a path, "dump X.h5 attribute config"). */
 int fs_config_from_json(fs_config *c, const char *json, const char *origin, fs_err *e);
 int fs_config_from_file(fs_config *c, const char *path, fs_err *e);
-/* Preset names: "default", "flux-dev", "flux-schnell", plus the reference shapes "tiny" and "odd". */
+/* Preset names: "default", "flux-dev", "flux-schnell", "flux2-dev", "flux2-klein-4b",
+ * "flux2-klein-9b", "flux2-default" (FLUX.2's structure at demo width), plus the reference shapes
+ * "tiny", "odd" and "flux2-tiny". */
 int fs_config_preset(fs_config *c, const char *name, fs_err *e);
 const char *const *fs_config_preset_names(void); /* NULL-terminated */
 /* Checks the invariants the model relies on (axes sum to head dim, even axes, positive sizes)

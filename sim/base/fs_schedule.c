@@ -25,11 +25,20 @@ double fs_sched_mu(const fs_sched_config *s, int image_seq_len)
     return image_seq_len * m + b;
 }
 
+double fs_sched_empirical_mu(int image_seq_len, int num_steps)
+{
+    const double a1 = 8.73809524e-05, b1 = 1.89833333, a2 = 0.00016927, b2 = 0.45666666;
+    if (image_seq_len > 4300) return a2 * image_seq_len + b2;
+    const double m_200 = a2 * image_seq_len + b2, m_10 = a1 * image_seq_len + b1;
+    const double a = (m_200 - m_10) / 190.0, b = m_200 - 200.0 * a;
+    return a * num_steps + b;
+}
+
 int fs_sched_sigmas(const fs_sched_config *s, int N, int image_seq_len, fs_dtype dt, double *sigmas,
                     double *timesteps, fs_err *e)
 {
     if (N < 1) return fs_errf(e, FS_E_INPUT, "number of steps must be >= 1 (got %d)", N);
-    double mu = fs_sched_mu(s, image_seq_len);
+    double mu = s->empirical_mu ? fs_sched_empirical_mu(image_seq_len, N) : fs_sched_mu(s, image_seq_len);
     for (int i = 0; i < N; i++) {
         /* pipeline: np.linspace(1.0, 1/N, N) in float64 ... */
         /* np.linspace: arange(N) * step + start, step = (stop - start) / (N - 1), last = stop */

@@ -1,7 +1,7 @@
 /* fs_flux1.c — FLUX.1: diffusers' FluxTransformer2DModel, its blocks and forward, built from the
- * shared layer functions (fs_layers.h).
+ * shared layer functions (fs_layers.h). FLUX.2 is fs_flux2.c beside it.
  *
- * Read top-down: fs_model_forward at the bottom calls the embedders, the double blocks
+ * Read top-down: fs_flux1_forward at the bottom calls the embedders, the double blocks
  * (transformer_blocks.i), the single blocks (single_transformer_blocks.i) and the output head.
  * Every function records what the matching diffusers module's forward hook would see, under the
  * module's path, in hook firing order (children before parents). Gotchas of ../shared/flux-spec.md
@@ -207,7 +207,7 @@ static int pos_embed(fs_layer_ctx *c, const fs_tensor *img_ids, const fs_tensor 
     return rc;
 }
 
-int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
+int fs_flux1_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
                      const fs_tensor *pooled, const double *timestep, const double *guidance,
                      const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e)
 {

@@ -28,10 +28,12 @@ int fs_inputs_alloc(fs_inputs *in, const fs_config *c, fs_dtype dt, int B, int S
     in->n_steps = n_steps;
     in->has_guidance = has_guidance;
     int rc;
+    const int nax = fs_config_axes(c);
     if ((rc = fs_tensor_alloc3(&in->hidden_states, dt, B, S_img, c->in_channels, e)) ||
         (rc = fs_tensor_alloc3(&in->encoder_hidden_states, dt, B, S_txt, c->joint_attention_dim, e)) ||
-        (rc = fs_tensor_alloc2(&in->pooled_projections, dt, B, c->pooled_projection_dim, e)) ||
-        (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, S_img, 3, e)) || (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, S_txt, 3, e)) ||
+        /* FLUX.2 has no pooled vector: left empty (ndim 0) */
+        (c->family != FS_FLUX2 && (rc = fs_tensor_alloc2(&in->pooled_projections, dt, B, c->pooled_projection_dim, e))) ||
+        (rc = fs_tensor_alloc2(&in->img_ids, FS_F64, S_img, nax, e)) || (rc = fs_tensor_alloc2(&in->txt_ids, FS_F64, S_txt, nax, e)) ||
         (rc = fs_tensor_alloc(&in->sigmas, FS_F64, 1, (int64_t[]){n_steps + 1}, e)) ||
         (rc = fs_tensor_alloc(&in->timesteps, FS_F64, 1, (int64_t[]){n_steps}, e)) ||
         (has_guidance && (rc = fs_tensor_alloc(&in->guidance, FS_F64, 1, (int64_t[]){B}, e)))) {
@@ -46,7 +48,7 @@ int fs_inputs_convert(fs_inputs *in, fs_dtype dt, fs_err *e)
     fs_tensor *act[3] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections};
     for (int k = 0; k < 3; k++) {
         fs_tensor c;
-        if (act[k]->dtype == dt) continue;
+        if (act[k]->dtype == dt || !act[k]->ndim) continue; /* FLUX.2: no pooled vector */
         int rc = fs_tensor_alloc(&c, dt, act[k]->ndim, act[k]->shape, e);
         if (!rc) rc = fs_tensor_copy(&c, act[k], e);
         if (rc) return rc;

@@ -20,8 +20,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define LN_EPS 1e-6  /* every LayerNorm in FLUX: no affine, eps 1e-6 */
-#define RMS_EPS 1e-6 /* QK RMSNorm eps (the FluxAttention default 1e-5 is never used) */
+/* Every LayerNorm in FLUX has no affine and eps 1e-6, the QK RMSNorm too (FluxAttention's default
+ * 1e-5 is never used); FLUX.2 takes both from its config's `eps` (1e-6 in every release). */
+#define LN_EPS(c) fs_config_eps(&(c)->m->cfg)
+#define RMS_EPS(c) fs_config_eps(&(c)->m->cfg)
 #define TRY FS_TRY
 
 /* Parameter `name` as the backend computes with it: the streamed block's, or a resident one. */
@@ -195,7 +197,9 @@ int fs_linear(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream,
     char wn[192], bn[192];
     const fs_tensor *W = fs_layer_weight(c, fs_layer_name(wn, sizeof wn, "%s.weight", name));
     const fs_tensor *b = fs_layer_weight(c, fs_layer_name(bn, sizeof bn, "%s.bias", name));
-    if (!W || !b) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", W ? bn : wn);
+    /* a Linear without bias (all of FLUX.2's) has none in the parameter list: b stays NULL */
+    const int has_bias = fs_param_find(c->m->w->desc, c->m->w->n, bn) >= 0;
+    if (!W || (has_bias && !b)) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", W ? bn : wn);
     const fs_plan *plan = c->par ? c->par->plan : NULL;
     const fs_inject *inj = c->par ? c->par->inject : NULL;
     const int64_t Kx = x->shape[x->ndim - 1], M = fs_tensor_numel(x) / (Kx ? Kx : 1);
@@ -224,12 +228,12 @@ int fs_linear(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream,
     if ((rc = (Kl > 0 ? fs_layer_new_out : fs_layer_new)(c, y, x->ndim, shape))) return rc; /* K = 0: zeros, kept explicit */
     const void *A = wrong.input_whole ? (const char *)x->data + (size_t)sp.c[0][0] * fs_dtype_size(c->dt) : x->data;
     if (!sp.reduce) { /* replicate, colwise: one GEMM with the bias */
-        TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, b->data, y->data, Ny, c->e));
+        TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, b ? b->data : NULL, y->data, Ny, c->e));
     } else { /* rowwise, packed_rowwise: this rank's partial sum, all-reduced, then the bias once */
         TRY(c->be->gemm(c->be, c->dt, M, Ny, Kl, A, Kx, W->data, Kl, NULL, y->data, Ny, c->e));
-        if (wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e)); /* --inject rowwise-bias-every-rank */
+        if (b && wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e)); /* --inject rowwise-bias-every-rank */
         TRY(fs_allreduce_sum_t(&c->par->g_tp, y, c->e));
-        if (!wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e));
+        if (b && !wrong.bias_before_reduce) TRY(c->be->add_bias(c->be, y, b, c->e));
     }
     if (used) *used = sp;
     TRY(REC(y, stream, fs_tp_feat(&sp), "%s", name));
@@ -256,7 +260,7 @@ int fs_activation(fs_layer_ctx *c, fs_unary_op op, const fs_tensor *x, fs_tensor
 int fs_layernorm(fs_layer_ctx *c, const fs_tensor *x, fs_tensor *y)
 {
     int rc = fs_layer_out_like(c, y, x);
-    return rc ? rc : c->be->layernorm(c->be, y, x, LN_EPS, c->e);
+    return rc ? rc : c->be->layernorm(c->be, y, x, LN_EPS(c), c->e);
 }
 
 /* Concatenate a [B,Sa,W] and b [B,Sb,W] along the sequence (dim 1) into [B,Sa+Sb,W]: two 2-D
@@ -337,7 +341,12 @@ static float expf_sleef_u10(float d)
 
 int fs_time_proj(fs_dtype dt, const double *t, int B, fs_tensor *out, fs_err *e)
 {
-    enum { HALF = 128 };
+    return fs_time_proj_n(dt, t, B, 256, out, e);
+}
+
+int fs_time_proj_n(fs_dtype dt, const double *t, int B, int channels, fs_tensor *out, fs_err *e)
+{
+    const int HALF = channels / 2;
     int rc = fs_tensor_alloc2(out, dt, B, 2 * HALF, e);
     if (rc) return rc;
     for (int b = 0; b < B; b++) {
@@ -368,6 +377,10 @@ int fs_time_proj(fs_dtype dt, const double *t, int B, fs_tensor *out, fs_err *e)
 int fs_pos_embed(fs_dtype dt, const fs_config *cf, const fs_tensor *ids, fs_tensor *cos_t, fs_tensor *sin_t, fs_err *e)
 {
     const int64_t S = ids->shape[0], Dh = cf->attention_head_dim;
+    const int nax = fs_config_axes(cf);
+    const double theta = fs_config_rope_theta(cf); /* FLUX.1 10000, FLUX.2 2000 */
+    if (ids->ndim != 2 || ids->shape[1] != nax)
+        return fs_errf(e, FS_E_INPUT, "RoPE ids have %lld columns, the config has %d axes", (long long)(ids->ndim == 2 ? ids->shape[1] : -1), nax);
     int rc = fs_tensor_alloc2(cos_t, dt, S, Dh, e);
     if (!rc) rc = fs_tensor_alloc2(sin_t, dt, S, Dh, e);
     if (rc) {
@@ -376,12 +389,12 @@ int fs_pos_embed(fs_dtype dt, const fs_config *cf, const fs_tensor *ids, fs_tens
     }
     for (int64_t s = 0; s < S; s++) {
         int64_t col = 0;
-        for (int ax = 0; ax < FS_MAX_AXES; ax++) {
+        for (int ax = 0; ax < nax; ax++) {
             int d = cf->axes_dims_rope[ax];
             /* pos = ids.float(): positions are small integers, exact in float32 */
-            double pos = (double)(float)fs_tensor_get(ids, s * 3 + ax);
+            double pos = (double)(float)fs_tensor_get(ids, s * nax + ax);
             for (int j = 0; j < d / 2; j++) {
-                double omega = 1.0 / pow(10000.0, (double)(2 * j) / (double)d);
+                double omega = 1.0 / pow(theta, (double)(2 * j) / (double)d);
                 double ang = pos * omega;
                 double cv = cos(ang), sv = sin(ang);
                 /* repeat_interleave(2): adjacent pairs share an angle (gotcha 6) */
@@ -420,7 +433,7 @@ fs_dtype fs_layer_fixed_f32(fs_dtype dt) { return dt == FS_BF16 ? FS_F32 : dt; }
 int fs_layer_time_proj(fs_layer_ctx *c, const double *t, fs_tensor *out)
 {
     fs_tensor host = {0};
-    int rc = fs_time_proj(fs_layer_fixed_f32(c->dt), t, c->B, &host, c->e);
+    int rc = fs_time_proj_n(fs_layer_fixed_f32(c->dt), t, c->B, fs_config_time_channels(&c->m->cfg), &host, c->e);
     if (!rc) rc = fs_layer_upload(c, &host, out);
     fs_tensor_free(&host);
     return rc;
@@ -489,7 +502,7 @@ int fs_qk_norm(fs_layer_ctx *c, const fs_tensor *x, const fs_tp_split *proj, con
     if (!w) return fs_errf(c->e, FS_E_INTERNAL, "weights have no %s", wn);
     int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2] / c->Dh, c->Dh};
     int rc = fs_layer_new_out(c, y, 4, shape);
-    if (!rc) rc = c->be->rmsnorm(c->be, y, x, w, RMS_EPS, c->e);
+    if (!rc) rc = c->be->rmsnorm(c->be, y, x, w, RMS_EPS(c), c->e);
     if (rc) return rc;
     return fs_layer_record(c, y, stream, 1, (fs_tp_axis){proj, 2, c->Dh}, "%s", name);
 }
@@ -509,6 +522,30 @@ int fs_feed_forward(fs_layer_ctx *c, const fs_tensor *x, const char *name, int s
     TRY(REC(y, stream, FS_TP_REPL, "%s", name));
 out:
     fs_layer_free_all(h, 2);
+    return rc;
+}
+
+/* Flux2SwiGLU (`name` = its path, e.g. "transformer_blocks.0.ff.act_fn"): x [B,S,2·Fl] is this
+ * rank's [gate | up] (linear_in's packed columns keep the halves rank by rank), y = silu(gate)·up
+ * [B,S,Fl]. Records gate_fn (the SiLU submodule) and the module. `sp`: the producing Linear's
+ * split, whose rows are this rank's gate and up features. */
+int fs_swiglu(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream, fs_tp_axis f, fs_tensor *y)
+{
+    fs_tensor h[3] = {0};
+    int rc;
+    const int64_t B = x->shape[0], S = x->shape[1], W = x->shape[2], Fl = W / 2;
+    const size_t es = fs_dtype_size(c->dt);
+    TRY(fs_layer_new_out(c, &h[0], 3, (int64_t[]){B, S, Fl}));
+    TRY(fs_layer_new_out(c, &h[1], 3, (int64_t[]){B, S, Fl}));
+    TRY(fs_layer_copy2d(c, h[0].data, Fl, x->data, W, B * S, Fl));                       /* x[..., :half] */
+    TRY(fs_layer_copy2d(c, h[1].data, Fl, (const char *)x->data + (size_t)Fl * es, W, B * S, Fl)); /* x[..., half:] */
+    TRY(fs_activation(c, c->be->silu, &h[0], &h[2], stream, f, "%s.gate_fn", name));
+    TRY(fs_layer_out_like(c, y, &h[1]));
+    TRY(c->be->mul(c->be, y, &h[2], &h[1], c->e));
+    TRY(REC(y, stream, f, "%s", name));
+out:
+    fs_layer_free_all(h, 3);
+    if (rc) fs_tensor_free(y);
     return rc;
 }
 

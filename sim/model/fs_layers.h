@@ -155,6 +155,10 @@ int fs_qk_norm(fs_layer_ctx *c, const fs_tensor *x, const fs_tp_split *proj, con
  * net.2 Linear. Records all five hooks; *y is net.2's output (= the module's). */
 int fs_feed_forward(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y);
 
+/* Flux2SwiGLU on x [B,S,2·Fl] = [gate | up] (this rank's features): silu(gate)·up, recording
+ * "<name>.gate_fn" and "<name>"; `f` is the sharding of the Fl output features. */
+int fs_swiglu(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream, fs_tp_axis f, fs_tensor *y);
+
 /* SDPA over the joint sequence: q, k, v [B,S,D] viewed as [B,S,H,Dh] (head-major columns). */
 int fs_sdpa(fs_layer_ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, fs_tensor *o);
 
@@ -164,5 +168,16 @@ int fs_rope_inplace(fs_layer_ctx *c, fs_tensor *x, const fs_tensor *cos_t, const
 /* norm_out = AdaLayerNormContinuous: SiLU → linear → chunk(2) = (scale, shift) — scale FIRST
  * (gotcha 8) — then LN(x)·(1 + scale) + shift; x is image tokens only (gotcha 13). */
 int fs_ada_layer_norm_continuous(fs_layer_ctx *c, const fs_tensor *x, const fs_tensor *temb, fs_tensor *y);
+
+/* ---- The families' forwards (fs_model_forward picks one by cfg.family) ---- */
+
+/* FLUX.1, FluxTransformer2DModel (fs_flux1.c) */
+int fs_flux1_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
+                     const fs_tensor *pooled, const double *timestep, const double *guidance,
+                     const fs_tensor *img_ids, const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);
+/* FLUX.2, Flux2Transformer2DModel (fs_flux2.c): no pooled vector; ids have 4 columns */
+int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
+                     const double *timestep, const double *guidance, const fs_tensor *img_ids,
+                     const fs_tensor *txt_ids, fs_tensor *out, fs_err *e);
 
 #endif

@@ -1,4 +1,5 @@
-/* fs_model.h — the FLUX.1 transformer forward (diffusers FluxTransformer2DModel), one rank.
+/* fs_model.h — the FLUX transformer forward, one rank: FLUX.1 (diffusers FluxTransformer2DModel,
+ * fs_flux1.c) or FLUX.2 (Flux2Transformer2DModel, fs_flux2.c), as the config's family says.
  *
  * fs_model_forward is the model's forward(): it takes one step's inputs and returns the
  * velocity prediction `proj_out`, calling the recorder with every module output that diffusers'
@@ -35,9 +36,9 @@ typedef struct fs_model {
 } fs_model;
 
 /* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],
- * pooled [B,pooled] in the run dtype, in m->be's memory (fs_sample uploads them); timestep[B] exactly as FluxPipeline passes it (σ-like,
+ * pooled [B,pooled] in the run dtype (FLUX.2: ignored, may be NULL), in m->be's memory (fs_sample uploads them); timestep[B] exactly as FluxPipeline passes it (σ-like,
  * already divided by 1000); guidance[B] (e.g. 3.5) or NULL when the config has no guidance
- * embedder; img_ids [S_img,3], txt_ids [S_txt,3] float64 host tensors. `out` is allocated here,
+ * embedder; img_ids [S_img,A], txt_ids [S_txt,A] float64 host tensors (A = RoPE axes: 3, FLUX.2 4). `out` is allocated here,
  * in m->be's memory: [B, S_img, out_width]. With m->par, S_img and S_txt are this rank's local token counts and the
  * ids its tokens' global ids. */
 int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
@@ -56,6 +57,9 @@ double fs_bf16_embedded(double x);
  * freq_j = exp(-ln(10000)·j/128). In an fp32 run evaluated in float32 exactly as diffusers
  * does (this dominates diffusers' own fp32 error); in fp64 in double. t [B] → out [B, 256]. */
 int fs_time_proj(fs_dtype dt, const double *t, int B, fs_tensor *out, fs_err *e);
+/* The same with `channels` (FLUX.2's timestep_guidance_channels): [cos | sin] of channels/2
+ * frequencies exp(-ln(10000)·j/(channels/2)). */
+int fs_time_proj_n(fs_dtype dt, const double *t, int B, int channels, fs_tensor *out, fs_err *e);
 /* FluxPosEmbed: ids [S,3] float64 → cos, sin [S, Dh] in `dt` (angles in float64, as diffusers
  * on CPU/CUDA), each axis' table repeat_interleave'd ([c0,c0,c1,c1,…]) and axes concatenated. */
 int fs_pos_embed(fs_dtype dt, const fs_config *c, const fs_tensor *ids, fs_tensor *cos, fs_tensor *sin, fs_err *e);

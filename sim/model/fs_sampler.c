@@ -36,15 +36,20 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
     if (rc) return rc;
     fill_normal(&in->hidden_states, p->seed, "inputs.hidden_states");
     fill_normal(&in->encoder_hidden_states, p->seed, "inputs.encoder_hidden_states");
-    fill_normal(&in->pooled_projections, p->seed, "inputs.pooled_projections");
-    /* _prepare_latent_image_ids: (0, row, col), row-major over the token grid, not centred */
+    if (in->pooled_projections.ndim) fill_normal(&in->pooled_projections, p->seed, "inputs.pooled_projections");
+    /* FluxPipeline._prepare_latent_image_ids: (0, row, col), row-major over the token grid, not
+     * centred; Flux2Pipeline._prepare_latent_ids: (t=0, row, col, l=0). Text: FLUX.1's ids are all
+     * zero, Flux2Pipeline._prepare_text_ids gives token l the position (0, 0, 0, l). */
+    const int nax = fs_config_axes(c);
     for (int r = 0; r < p->grid_h; r++)
         for (int col = 0; col < p->grid_w; col++) {
-            double *id = (double *)in->img_ids.data + (size_t)(r * p->grid_w + col) * 3;
+            double *id = (double *)in->img_ids.data + (size_t)(r * p->grid_w + col) * nax;
             id[0] = 0;
             id[1] = r;
             id[2] = col;
         }
+    if (c->family == FS_FLUX2)
+        for (int l = 0; l < p->txt_len; l++) ((double *)in->txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     for (int b = 0; in->has_guidance && b < p->batch; b++) ((double *)in->guidance.data)[b] = p->guidance;
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;
@@ -80,11 +85,12 @@ static int upload_tokens(fs_backend *be, fs_dtype dt, const fs_tensor *x, int64_
     return rc;
 }
 
-/* Rows [lo, hi) of a host [S, 3] ids tensor (host: ids feed the RoPE tables computed on the host). */
+/* Rows [lo, hi) of a host [S, A] ids tensor (host: ids feed the RoPE tables computed on the host). */
 static int slice_ids(const fs_tensor *ids, int64_t lo, int64_t hi, fs_tensor *y, fs_err *e)
 {
-    int rc = fs_tensor_alloc2(y, FS_F64, hi - lo, 3, e);
-    if (!rc && hi > lo) memcpy(y->data, (const double *)ids->data + lo * 3, (size_t)(hi - lo) * 3 * sizeof(double));
+    const int64_t A = ids->shape[1];
+    int rc = fs_tensor_alloc2(y, FS_F64, hi - lo, A, e);
+    if (!rc && hi > lo) memcpy(y->data, (const double *)ids->data + lo * A, (size_t)((hi - lo) * A) * sizeof(double));
     return rc;
 }
 
@@ -141,8 +147,9 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     const int local_pos = split && fs_injected(p->inject, FS_INJ_ROPE_LOCAL_POS);
     if ((rc = upload_tokens(be, m->dtype, &in->hidden_states, ilo, ihi, &lat, e)) ||
         (rc = upload_tokens(be, m->dtype, &in->encoder_hidden_states, tlo, thi, &ehs, e)) ||
-        (rc = fs_tensor_alloc_on(&pooled, be, m->dtype, in->pooled_projections.ndim, in->pooled_projections.shape, e)) ||
-        (rc = fs_tensor_upload(&pooled, &in->pooled_projections, e)) ||
+        (in->pooled_projections.ndim && /* FLUX.2: none */
+         ((rc = fs_tensor_alloc_on(&pooled, be, m->dtype, in->pooled_projections.ndim, in->pooled_projections.shape, e)) ||
+          (rc = fs_tensor_upload(&pooled, &in->pooled_projections, e)))) ||
         (rc = slice_ids(&in->img_ids, local_pos ? 0 : ilo, (local_pos ? 0 : ilo) + (ihi - ilo), &iid, e)) ||
         (rc = slice_ids(&in->txt_ids, local_pos ? 0 : tlo, (local_pos ? 0 : tlo) + (thi - tlo), &tid, e)))
         goto out;
@@ -212,7 +219,8 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
         return rc; /* the root is already inside the broadcasts: the CLI ends the job */
     fs_tensor *all[] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &in->img_ids,
                         &in->txt_ids, &in->sigmas};
-    for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++) rc = fs_bcast_t(g, root, all[i], e);
+    for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++)
+        if (all[i]->ndim) rc = fs_bcast_t(g, root, all[i], e); /* FLUX.2: no pooled vector */
     if (!rc) rc = fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->timesteps, e)
                                                                : fs_bcast_t(g, root, &in->timesteps, e);
     if (!rc && in->has_guidance)

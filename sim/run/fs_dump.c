@@ -342,11 +342,17 @@ typedef struct in_sizes {
  * message (a file name). */
 static int check_inputs(const fs_config *c, const in_shape *s, const char *origin, in_sizes *z, fs_err *e)
 {
+    const int f2 = c->family == FS_FLUX2, nax = fs_config_axes(c);
     for (int k = 0; k < IN_N; k++) {
-        if (k == IN_GUID) continue;
+        if (k == IN_GUID || (f2 && k == IN_POOLED)) continue;
         if (!s[k].present)
             return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s missing: this dump cannot be replayed", origin, in_names[k]);
     }
+    /* FLUX.2 has no pooled text vector: one in a FLUX.2 dump means the config and the inputs are
+     * of different models */
+    if (f2 && s[IN_POOLED].present)
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/pooled_projections present, but the config is FLUX.2 (%s), which has "
+                                      "none (wrong config?)", origin, fs_config_class_name(c));
     if (c->guidance_embeds && !s[IN_GUID].present)
         return fs_errf(e, FS_E_INPUT, "%s: /inputs/guidance missing, but the config has guidance_embeds = true", origin);
     if (!c->guidance_embeds && s[IN_GUID].present)
@@ -356,7 +362,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
     static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1};
     static const char *const sym[IN_N][3] = {
         {"B", "S_img", "in_channels"}, {"B", "S_txt", "joint_attention_dim"}, {"B", "pooled_projection_dim"},
-        {"S_img", "3"}, {"S_txt", "3"}, {"B"}, {"N+1"}, {"N"}};
+        {"S_img", "axes"}, {"S_txt", "axes"}, {"B"}, {"N+1"}, {"N"}};
     char symstr[IN_N][96];
     for (int k = 0; k < IN_N; k++) {
         size_t o = 0;
@@ -372,7 +378,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
         return fs_errf(e, FS_E_INPUT, "%s: /inputs sizes B=%lld S_img=%lld S_txt=%lld N=%lld must all be >= 1", origin,
                        (long long)B, (long long)Si, (long long)St, (long long)N);
     const int64_t want[IN_N][3] = {
-        {B, Si, c->in_channels}, {B, St, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Si, 3}, {St, 3},
+        {B, Si, c->in_channels}, {B, St, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Si, nax}, {St, nax},
         {B},                     {N + 1},                         {N},
     };
     for (int k = 0; k < IN_N; k++) {
@@ -385,7 +391,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
             if (!strcmp(l, "B") || !strcmp(l, "S_img")) from = "/inputs/hidden_states";
             else if (!strcmp(l, "S_txt")) from = "/inputs/encoder_hidden_states";
             else if (l[0] == 'N') from = "/inputs/timesteps", l = "N";
-            else if (!strcmp(l, "3")) from = NULL;
+            else if (!strcmp(l, "axes")) from = "the config's axes_dims_rope", l = "axes";
             char got[96], exp[96], why[96] = "";
             fo_shape_str(s[k].ndim, s[k].shape, got, sizeof got);
             fo_shape_str(rank[k], want[k], exp, sizeof exp);

@@ -109,8 +109,16 @@ static int load_config(const char *name, const char *weights, fs_config *c, fs_e
 }
 
 /* --scheduler when given; else the pipeline's scheduler/scheduler_config.json when --weights is
- * in a pipeline folder; else FLUX.1-dev's (guidance embedder) or -schnell's. */
+ * in a pipeline folder; else FLUX.1-dev's (guidance embedder) or -schnell's. FLUX.2 runs them
+ * with Flux2Pipeline's empirical mu (its scheduler config is FLUX.1-dev's). */
+static int sched_for(const fs_job_opts *o, const fs_config *c, fs_sched_config *s, fs_err *e);
 static int load_sched(const fs_job_opts *o, const fs_config *c, fs_sched_config *s, fs_err *e)
+{
+    int rc = sched_for(o, c, s, e);
+    if (!rc && c->family == FS_FLUX2) s->empirical_mu = 1;
+    return rc;
+}
+static int sched_for(const fs_job_opts *o, const fs_config *c, fs_sched_config *s, fs_err *e)
 {
     if (!o->scheduler && o->weights) {
         fs_pipeline p;
@@ -121,7 +129,8 @@ static int load_sched(const fs_job_opts *o, const fs_config *c, fs_sched_config 
         fs_pipeline_free(&p);
         if (rc || done) return rc;
     }
-    return fs_sched_preset(s, o->scheduler ? o->scheduler : (c->guidance_embeds ? "dev" : "schnell"), e);
+    /* FLUX.2 (dev and klein alike) ships FLUX.1-dev's dynamic-shift scheduler config */
+    return fs_sched_preset(s, o->scheduler ? o->scheduler : (c->guidance_embeds || c->family == FS_FLUX2 ? "dev" : "schnell"), e);
 }
 
 /* A bfloat16 run replayed in float32 or float64 embeds other timesteps and guidance than it did

@@ -97,8 +97,14 @@ static cJSON *parse_json(const char *text, const char *path, fs_err *e)
     return root;
 }
 
-/* model_index.json, when present, must name diffusers' FluxTransformer2DModel as "transformer"
- * (another pipeline's folder would otherwise fail later with a shape error). */
+/* model_index.json, when present, must name diffusers' FluxTransformer2DModel (FLUX.1) or
+ * Flux2Transformer2DModel (FLUX.2) as "transformer" (another pipeline's folder would otherwise
+ * fail later with a shape error). */
+static int is_flux_class(const char *s)
+{
+    return !strcmp(s, "FluxTransformer2DModel") || !strcmp(s, "Flux2Transformer2DModel");
+}
+
 static int check_model_index(const char *root, fs_err *e)
 {
     char *path = join(root, "model_index.json"), *text = NULL;
@@ -117,9 +123,9 @@ static int check_model_index(const char *root, fs_err *e)
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "transformer");
     const cJSON *cls = cJSON_IsArray(t) ? cJSON_GetArrayItem(t, 1) : NULL;
     char cb[200];
-    if (t && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel")))
-        rc = fs_errf(e, FS_E_INPUT, "%s: \"transformer\" is %s, not [\"diffusers\", \"FluxTransformer2DModel\"]: not a "
-                                    "FLUX.1 pipeline",
+    if (t && !(cJSON_IsString(cls) && is_flux_class(cls->valuestring)))
+        rc = fs_errf(e, FS_E_INPUT, "%s: \"transformer\" is %s, not [\"diffusers\", \"FluxTransformer2DModel\"] or "
+                                    "Flux2Transformer2DModel: not a FLUX pipeline",
                      path, cJSON_IsString(cls) ? fs_printable(cls->valuestring, cb, sizeof cb, 100)
                                                : "not a [library, class] pair");
     cJSON_Delete(j);
@@ -226,16 +232,16 @@ int fs_pipeline_config_file(fs_config *c, const char *path, fs_err *e)
     free(text);
     if (!j) return FS_E_INPUT;
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(j, "_class_name");
-    if (cls && !(cJSON_IsString(cls) && !strcmp(cls->valuestring, "FluxTransformer2DModel"))) {
+    if (cls && !(cJSON_IsString(cls) && is_flux_class(cls->valuestring))) {
         char cb[200];
-        rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FluxTransformer2DModel", path,
+        rc = fs_errf(e, FS_E_INPUT, "%s: _class_name is %s, not FluxTransformer2DModel or Flux2Transformer2DModel", path,
                      cJSON_IsString(cls) ? fs_printable(cls->valuestring, cb, sizeof cb, 100) : "not a string");
         cJSON_Delete(j);
         return rc;
     }
     /* diffusers' FluxTransformer2DModel(axes_dims_rope=(16, 56, 56)) default: the Hub's
      * FLUX.1-dev/schnell config.json files were written before the key existed. */
-    if (!cJSON_GetObjectItemCaseSensitive(j, "axes_dims_rope")) {
+    if (!cJSON_GetObjectItemCaseSensitive(j, "axes_dims_rope") && !(cls && !strcmp(cls->valuestring, "Flux2Transformer2DModel"))) {
         const int def[3] = {16, 56, 56};
         cJSON_AddItemToObject(j, "axes_dims_rope", cJSON_CreateIntArray(def, 3));
     }

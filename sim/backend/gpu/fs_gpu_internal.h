@@ -136,6 +136,7 @@ int fs_gpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, co
 
 int fs_gpu_convert(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);
 int fs_gpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e);
+int fs_gpu_mul(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e);
 int fs_gpu_add_bias(fs_backend *be, fs_tensor *y, const fs_tensor *b, fs_err *e);
 int fs_gpu_axpby(fs_backend *be, fs_tensor *y, double a, const fs_tensor *x, double b, fs_err *e);
 int fs_gpu_silu(fs_backend *be, fs_tensor *y, const fs_tensor *x, fs_err *e);

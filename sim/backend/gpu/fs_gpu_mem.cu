@@ -284,6 +284,7 @@ static void fill_table(fs_backend *b)
     b->gemm = fs_gpu_gemm;
     b->convert = fs_gpu_convert;
     b->add = fs_gpu_add;
+    b->mul = fs_gpu_mul;
     b->add_bias = fs_gpu_add_bias;
     b->axpby = fs_gpu_axpby;
     b->silu = fs_gpu_silu;

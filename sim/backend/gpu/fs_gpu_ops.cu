@@ -96,6 +96,25 @@ int fs_gpu_add(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor
     });
 }
 
+template <typename S> __global__ void k_mul(S *y, const S *x, const S *z, int64_t n)
+{
+    GRID_STRIDE(i, n) gio<S>::st(y, i, gio<S>::ld(x, i) * gio<S>::ld(z, i));
+}
+
+int fs_gpu_mul(fs_backend *be, fs_tensor *y, const fs_tensor *x, const fs_tensor *z, fs_err *e)
+{
+    if (same(e, "mul", y, x) || same(e, "mul", y, z)) return e->code;
+    const int64_t n = gpu_numel(y);
+    if (!n) return FS_OK;
+    return gpu_dispatch(y->dtype, "mul", e, [&](auto t) {
+        typedef typename decltype(t)::type S;
+        auto k = &k_mul<S>;
+        FS_LAUNCH(k, gpu_blocks(n, THREADS), THREADS, 0, gpu_ctx(be)->stream, (S *)y->data, (const S *)x->data,
+                  (const S *)z->data, n);
+        return fs_gpu_after(be, "mul", e);
+    });
+}
+
 template <typename S> __global__ void k_add_bias(S *y, const S *b, int64_t n, int64_t N)
 {
     GRID_STRIDE(i, n) gio<S>::st(y, i, gio<S>::ld(y, i) + gio<S>::ld(b, i % N));
