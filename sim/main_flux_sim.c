@@ -17,6 +17,7 @@
 
 
 #include "fs_job.h"
+#include "fs_pipeline.h"
 #include "fs_sink.h"
 #include "fs_debug.h"
 #include "fs_cleanup.h"
@@ -68,7 +69,8 @@ static void usage(FILE *f)
             "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
             "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
-            "  --print-plan          print the built-in FLUX TP plan (a starting point for --plan) and exit\n"
+            "  --print-plan          print the built-in TP plan (a starting point for --plan) and exit; after\n"
+            "                        --config of a FLUX.2 model, FLUX.2's (diffusers' Flux2 _tp_plan)\n"
             "  --check[=REF.h5]      compare every module output of this layout with a single-rank run of the\n"
             "                        same weights and inputs (computed in this job, or a saved single-rank\n"
             "                        dump); stop at the first divergence and say where and which ranks\n"
@@ -368,7 +370,14 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
                 rc = fs_errf(e, FS_E_INPUT, "--ring-rotate: '%s' is not allgather or p2p", optarg);
             break;
         case O_PLAN: o->plan = optarg; break;
-        case O_PPLAN: fputs(fs_plan_default_text(), stdout); return -1;
+        case O_PPLAN: { /* the plan of --config's family, when --config came first and is a preset or
+                           file we can read; FLUX.1's otherwise */
+            fs_config pc;
+            fs_err pe = {0};
+            const int f2 = o->config && !fs_pipeline_load_config(&pc, o->config, &pe) && pc.family == FS_FLUX2;
+            fputs(f2 ? fs_plan_default_text_for(&pc) : fs_plan_default_text(), stdout);
+            return -1;
+        }
         case O_CHECK:
             o->check = 1;
             o->check_ref = optarg;

@@ -27,7 +27,9 @@ if [ ! -d "$ref/tiny" ]; then
 fi
 run() { timeout 300 mpirun -np "$1" "$SIM" "${@:2}" </dev/null; }
 
-for c in tiny odd; do
+# flux2-tiny: FLUX.2 (Flux2Transformer2DModel) on torch 2.15's CPU bf16 kernels, the same rules
+for c in tiny odd flux2-tiny; do
+  if [ ! -f "$ref/$c/dump_bf16.h5" ]; then bad "$c: $ref/$c/dump_bf16.h5 missing"; continue; fi
   W=$ref/$c/weights.safetensors RUN=$ref/$c/dump_bf16.h5 M=$ref/$c/dump_bf16_matched_fp64.h5
   # 1. the matched reference
   run 1 --weights "$W" --inputs "$RUN" --precision fp64 --match bf16 --dump "$T/$c-match.h5" -q >"$T/log" 2>&1 || bad "$c: --match bf16 run failed: $(tail -1 "$T/log")"

@@ -1,6 +1,7 @@
 /* test_conformance.c — our forward against the official diffusers reference, tensor by tensor.
  *
- * For each config in ../shared/reference (tiny, odd) and each precision, replay the reference
+ * For each config in ../shared/reference (FLUX.1: tiny, odd; FLUX.2: flux2-tiny, made by diffusers'
+ * Flux2Transformer2DModel) and each precision, replay the reference
  * run (its weights.safetensors, and the inputs, sigmas and timesteps of its dump) and compare
  * every module output we record, at every step, plus /final/latents, with dump_fp64.h5:
  * relative L2 ‖ours − ref‖/‖ref‖ must be ≤ 1e-4 in fp32 and ≤ 1e-10 in fp64. The same numbers
@@ -227,6 +228,9 @@ static void tiny_fp32(void **s) { conformance("tiny", FS_F32, 1e-4); }
 static void tiny_fp64(void **s) { conformance("tiny", FS_F64, 1e-10); }
 static void odd_fp32(void **s) { conformance("odd", FS_F32, 1e-4); }
 static void odd_fp64(void **s) { conformance("odd", FS_F64, 1e-10); }
+/* FLUX.2: the same bounds (issue: fp64 <= 1e-10, fp32 <= 1e-4 relative L2 per module) */
+static void flux2_tiny_fp32(void **s) { conformance("flux2-tiny", FS_F32, 1e-4); }
+static void flux2_tiny_fp64(void **s) { conformance("flux2-tiny", FS_F64, 1e-10); }
 
 int main(void)
 {
@@ -235,6 +239,8 @@ int main(void)
         cmocka_unit_test(tiny_fp64),
         cmocka_unit_test(odd_fp32),
         cmocka_unit_test(odd_fp64),
+        cmocka_unit_test(flux2_tiny_fp32),
+        cmocka_unit_test(flux2_tiny_fp64),
         cmocka_unit_test(golden_default_fp64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -163,11 +163,15 @@ static void test_config_json_text(void **s)
 static void test_config_validate_any_struct(void **s)
 {
     static const int vals[] = {INT_MIN, -1, 0, INT_MAX};
+    /* FLUX.1 (tiny): axes_dims_rope[3], n_axes (0 = 3) and the FLUX.2-only fields may be 0, and
+     * must be: any other value is refused */
     const size_t zero_ok[] = {offsetof(fs_config, num_layers), offsetof(fs_config, num_single_layers),
-                              offsetof(fs_config, guidance_embeds)};
+                              offsetof(fs_config, guidance_embeds), offsetof(fs_config, axes_dims_rope) + 3 * sizeof(int),
+                              offsetof(fs_config, n_axes), offsetof(fs_config, rope_theta),
+                              offsetof(fs_config, timestep_guidance_channels), offsetof(fs_config, family)};
     fs_config base;
     fs_config_preset(&base, "tiny", NULL);
-    for (size_t off = 0; off < sizeof base; off += sizeof(int))
+    for (size_t off = 0; off < offsetof(fs_config, mlp_ratio); off += sizeof(int))
         for (size_t v = 0; v < FS_ARRAY_LEN(vals); v++) {
             fs_config c = base;
             memcpy((char *)&c + off, &vals[v], sizeof(int));
@@ -178,6 +182,37 @@ static void test_config_validate_any_struct(void **s)
             if (legal ? rc != FS_OK : rc != FS_E_INPUT)
                 fail_msg("field at byte %zu = %d: rc %d (%s)", off, vals[v], rc, e.msg);
         }
+}
+
+/* The same for a FLUX.2 config (flux2-tiny): every int field, and the two doubles */
+static void test_config_validate_any_struct_flux2(void **s)
+{
+    static const int vals[] = {INT_MIN, -1, 0, INT_MAX};
+    const size_t zero_ok[] = {offsetof(fs_config, num_layers), offsetof(fs_config, num_single_layers),
+                              offsetof(fs_config, guidance_embeds), offsetof(fs_config, pooled_projection_dim)};
+    fs_config base;
+    fs_config_preset(&base, "flux2-tiny", NULL);
+    for (size_t off = 0; off < offsetof(fs_config, mlp_ratio); off += sizeof(int))
+        for (size_t v = 0; v < FS_ARRAY_LEN(vals); v++) {
+            fs_config c = base;
+            memcpy((char *)&c + off, &vals[v], sizeof(int));
+            int legal = 0;
+            for (size_t k = 0; k < FS_ARRAY_LEN(zero_ok); k++) legal |= vals[v] == 0 && off == zero_ok[k];
+            /* n_axes INT_MAX etc. refused; family 0 makes it a FLUX.1 config with FLUX.2 fields: refused */
+            fs_err e = {0};
+            int rc = fs_config_validate(&c, "x", &e);
+            if (legal ? rc != FS_OK : rc != FS_E_INPUT)
+                fail_msg("flux2 field at byte %zu = %d: rc %d (%s)", off, vals[v], rc, e.msg);
+        }
+    static const double dv[] = {0, -1, NAN, INFINITY, 1e300, 17};
+    for (size_t v = 0; v < FS_ARRAY_LEN(dv); v++) {
+        fs_config c = base;
+        c.mlp_ratio = dv[v];
+        assert_int_equal(fs_config_validate(&c, "x", NULL), FS_E_INPUT);
+        c = base;
+        c.eps = dv[v];
+        assert_int_equal(fs_config_validate(&c, "x", NULL), FS_E_INPUT);
+    }
 }
 
 /* fs_config_num_params (closed form, used by validate and fs_estimate) against the list */
@@ -339,9 +374,20 @@ static void test_plan_width_digits(void **s)
     assert_int_equal(fs_plan_parse(&p, "x packed_rowwise 999999999D,D\n", "t.plan", &e), FS_OK);
     fs_config c;
     fs_config_preset(&c, "flux-dev", NULL);
-    int64_t w[2];
-    assert_int_equal(fs_plan_lookup(&p, &c, "x", w, NULL), FS_TP_PACKED_ROWWISE);
-    assert_true(w[0] == 999999999LL * 3072 && w[1] == 3072);
+    int64_t w[FS_TP_MAX_BLOCKS];
+    int nw = 0;
+    assert_int_equal(fs_plan_lookup(&p, &c, "x", w, &nw, NULL), FS_TP_PACKED_ROWWISE);
+    assert_true(nw == 2 && w[0] == 999999999LL * 3072 && w[1] == 3072);
+    fs_plan_free(&p);
+    /* packed_colwise: 2 to 5 widths, none empty; F is the config's MLP width */
+    assert_int_equal(fs_plan_parse(&p, "x packed_colwise D,,F\n", "t.plan", &e), FS_E_INPUT);
+    assert_int_equal(fs_plan_parse(&p, "x packed_colwise D,D,D,F,F,F\n", "t.plan", &e), FS_E_INPUT);
+    assert_int_equal(fs_plan_parse(&p, "x packed_colwise D\n", "t.plan", &e), FS_E_INPUT);
+    assert_int_equal(fs_plan_parse(&p, "x packed_rowwise D,F,F\n", "t.plan", &e), FS_E_INPUT);
+    assert_int_equal(fs_plan_parse(&p, "x packed_colwise D,D,D,2F,3\n", "t.plan", &e), FS_OK);
+    fs_config_preset(&c, "flux2-dev", NULL);
+    assert_int_equal(fs_plan_lookup(&p, &c, "x", w, &nw, NULL), FS_TP_PACKED_COLWISE);
+    assert_true(nw == 5 && w[0] == 6144 && w[2] == 6144 && w[3] == 2 * 18432 && w[4] == 3);
     fs_plan_free(&p);
 }
 
@@ -452,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_config_out_channels),
         cmocka_unit_test(test_config_json_text),
         cmocka_unit_test(test_config_validate_any_struct),
+        cmocka_unit_test(test_config_validate_any_struct_flux2),
         cmocka_unit_test(test_config_num_params),
         cmocka_unit_test(test_config_round_trip),
         cmocka_unit_test(test_config_file),

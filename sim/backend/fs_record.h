@@ -14,7 +14,7 @@
  * intervals of the global axis, in the order they appear in the local tensor (a joint-sequence
  * shard is [its text tokens | its image tokens], two intervals). ndims == 0: the whole tensor
  * (replicated: every rank must hold identical values). */
-#define FS_SHARD_MAX_IV 2
+#define FS_SHARD_MAX_IV 5 /* FS_TP_MAX_BLOCKS: a packed_colwise output holds 5 blocks */
 typedef struct fs_shard_dim {
     int dim;  /* axis of the local/global tensor, 0-based */
     int n;    /* intervals */

@@ -146,12 +146,27 @@ int fs_config_validate(const fs_config *c, const char *origin, fs_err *e)
         if (!(c->mlp_ratio > 0 && c->mlp_ratio <= 16))
             return fs_errf(e, FS_E_INPUT, "%s: config mlp_ratio = %g, must be in (0, 16] (FLUX.2 has 3.0)", origin,
                            c->mlp_ratio);
-        if (c->rope_theta < 1)
-            return fs_errf(e, FS_E_INPUT, "%s: config rope_theta = %d, must be positive (FLUX.2 has 2000)", origin,
+        /* a plausibility limit like the others: FLUX uses 10^4 and 2000; beyond 10^9 every axis'
+         * frequencies underflow to a constant rotation */
+        if (c->rope_theta < 1 || c->rope_theta > 1000000000)
+            return fs_errf(e, FS_E_INPUT, "%s: config rope_theta = %d, must be in [1, 1e9] (FLUX.2 has 2000)", origin,
                            c->rope_theta);
         if (!(c->eps > 0 && c->eps < 1))
             return fs_errf(e, FS_E_INPUT, "%s: config eps = %g, must be in (0, 1) (FLUX.2 has 1e-06)", origin, c->eps);
     }
+    /* fields the family does not have must be empty: a value there is a struct filled by mistake
+     * (or a FLUX.2 config read as FLUX.1), never something to ignore */
+    for (int i = fs_config_axes(c); i < FS_MAX_AXES; i++)
+        if (c->axes_dims_rope[i])
+            return fs_errf(e, FS_E_INPUT, "%s: config axes_dims_rope[%d] = %d beyond its %d axes", origin, i,
+                           c->axes_dims_rope[i], fs_config_axes(c));
+    if (c->family == FS_FLUX2 && c->pooled_projection_dim)
+        return fs_errf(e, FS_E_INPUT, "%s: a FLUX.2 config with pooled_projection_dim = %d (FLUX.2 has no pooled vector)",
+                       origin, c->pooled_projection_dim);
+    if (c->family == FS_FLUX1 && (c->rope_theta || c->timestep_guidance_channels || c->mlp_ratio != 0 || c->eps != 0))
+        return fs_errf(e, FS_E_INPUT, "%s: a FLUX.1 config with FLUX.2's rope_theta/timestep_guidance_channels/"
+                                      "mlp_ratio/eps set (FLUX.1 fixes them; _class_name Flux2Transformer2DModel?)",
+                       origin);
     if (c->guidance_embeds != 0 && c->guidance_embeds != 1)
         return fs_errf(e, FS_E_INPUT, "%s: config guidance_embeds = %d, must be 0 or 1", origin, c->guidance_embeds);
     int sum = 0;

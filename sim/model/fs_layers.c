@@ -76,12 +76,14 @@ static void make_shard(const fs_layer_ctx *c, const fs_tensor *t, int stream, in
             d->iv[d->n++][1] = off + p->img_hi[q];
         }
     }
-    if (f.sp && f.sp->r1 - f.sp->r0 < f.sp->N) { /* the rows this rank computed = its features */
+    if (f.sp && fs_tp_split_rows(f.sp) < f.sp->N) { /* the rows this rank computed = its features */
         fs_shard_dim *d = &sh->d[sh->ndims++];
         d->dim = f.axis < 0 ? t->ndim - 1 : f.axis;
-        d->n = 1;
-        d->iv[0][0] = f.sp->r0 / f.unit;
-        d->iv[0][1] = f.sp->r1 / f.unit;
+        d->n = f.sp->nr > 1 ? f.sp->nr : 1; /* packed_colwise: one interval per block, in order */
+        for (int k = 0; k < d->n; k++) {
+            d->iv[k][0] = (f.sp->nr > 1 ? f.sp->rr[k][0] : f.sp->r0) / f.unit;
+            d->iv[k][1] = (f.sp->nr > 1 ? f.sp->rr[k][1] : f.sp->r1) / f.unit;
+        }
     }
 }
 
@@ -213,7 +215,7 @@ int fs_linear(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream,
     int rc = fs_tp_split_of_injected(plan, &c->m->cfg, name, pd->shape[0], pd->shape[1], c->tp, c->tp_rank, inj, &sp,
                                      &wrong, c->e);
     if (rc) return rc;
-    const int64_t Ny = sp.r1 - sp.r0, Kl = fs_tp_split_cols(&sp);
+    const int64_t Ny = fs_tp_split_rows(&sp), Kl = fs_tp_split_cols(&sp);
     /* the input is this rank's Kl features — or, for an input that arrives whole (--inject
      * adaln-sharded), all K of them, of which the rank reads its columns */
     const int64_t kexp = wrong.input_whole ? sp.K : Kl;

@@ -27,6 +27,7 @@ typedef enum fs_inj_id {
     FS_INJ_ULYSSES_UNEVEN_CHUNK,
     FS_INJ_ULYSSES_EARLY_READ,
     FS_INJ_FAIL_RANK,
+    FS_INJ_PACKED_COLWISE_CONTIGUOUS,
     FS_INJ_COUNT
 } fs_inj_id;
 

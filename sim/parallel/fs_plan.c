@@ -39,7 +39,35 @@ static const char default_plan[] =
     "single_transformer_blocks.*.proj_mlp           colwise\n"
     "single_transformer_blocks.*.proj_out           packed_rowwise  D,4D\n";
 
+/* The FLUX.2 plan: diffusers' Flux2Transformer2DModel._tp_plan, rule for rule (transformer_flux2.py;
+ * PackedColwiseParallel([1, 1]) and the blocks the Linears carry written out as widths). */
+static const char flux2_plan[] =
+    "# FLUX.2 tensor-parallel plan (diffusers Flux2Transformer2DModel._tp_plan)\n"
+    "#   <module glob>                                  <style>          [packed widths]\n"
+    "# Unmatched modules are replicated: the shared modulations (double_stream_modulation_img/_txt,\n"
+    "# single_stream_modulation), QK norms, embedders, norm_out, proj_out. F = the MLP width\n"
+    "# (mlp_ratio x D). No biases anywhere in FLUX.2.\n"
+    "\n"
+    "# double blocks: attention\n"
+    "transformer_blocks.*.attn.to_q                     colwise\n"
+    "transformer_blocks.*.attn.to_k                     colwise\n"
+    "transformer_blocks.*.attn.to_v                     colwise\n"
+    "transformer_blocks.*.attn.to_out.0                 rowwise\n"
+    "transformer_blocks.*.attn.add_q_proj               colwise\n"
+    "transformer_blocks.*.attn.add_k_proj               colwise\n"
+    "transformer_blocks.*.attn.add_v_proj               colwise\n"
+    "transformer_blocks.*.attn.to_add_out               rowwise\n"
+    "# double blocks: SwiGLU MLPs, linear_in = [gate | up], each half split on its own\n"
+    "transformer_blocks.*.ff.linear_in                  packed_colwise   F,F\n"
+    "transformer_blocks.*.ff.linear_out                 rowwise\n"
+    "transformer_blocks.*.ff_context.linear_in          packed_colwise   F,F\n"
+    "transformer_blocks.*.ff_context.linear_out         rowwise\n"
+    "# single blocks: one Linear for q, k, v and the MLP input, one for cat([attn, mlp])\n"
+    "single_transformer_blocks.*.attn.to_qkv_mlp_proj   packed_colwise   D,D,D,F,F\n"
+    "single_transformer_blocks.*.attn.to_out            packed_rowwise   D,F\n";
+
 const char *fs_plan_default_text(void) { return default_plan; }
+const char *fs_plan_default_text_for(const fs_config *c) { return c->family == FS_FLUX2 ? flux2_plan : default_plan; }
 
 const char *fs_tp_style_name(fs_tp_style s)
 {
@@ -47,18 +75,20 @@ const char *fs_tp_style_name(fs_tp_style s)
     case FS_TP_COLWISE: return "colwise";
     case FS_TP_ROWWISE: return "rowwise";
     case FS_TP_PACKED_ROWWISE: return "packed_rowwise";
+    case FS_TP_PACKED_COLWISE: return "packed_colwise";
     default: return "replicate";
     }
 }
 
-/* "3072", "D", "4D". At most 9 digits: with hidden <= 2^20 (fs_config.h) a width k·D then stays
- * below 2^50 and the sum of two widths cannot overflow int64 (fs_weights adds them). */
+/* "3072", "D", "4D", "F", "2F". At most 9 digits: with hidden <= 2^20 and F <= 16·2^20
+ * (fs_config.h) a width k·D or k·F then stays below 2^54 and the sum of five widths cannot
+ * overflow int64 (fs_weights adds them). */
 static int valid_width(const char *s)
 {
     if (!*s) return 0;
     const char *p = s;
     while (isdigit((unsigned char)*p)) p++;
-    return p - s <= 9 && (!*p || !strcmp(p, "D"));
+    return p - s <= 9 && (!*p || !strcmp(p, "D") || !strcmp(p, "F"));
 }
 
 int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
@@ -98,27 +128,40 @@ int fs_plan_parse(fs_plan *p, const char *text, const char *origin, fs_err *e)
         if (!strcmp(style, "colwise")) r.style = FS_TP_COLWISE;
         else if (!strcmp(style, "rowwise")) r.style = FS_TP_ROWWISE;
         else if (!strcmp(style, "packed_rowwise")) r.style = FS_TP_PACKED_ROWWISE;
+        else if (!strcmp(style, "packed_colwise")) r.style = FS_TP_PACKED_COLWISE;
         else if (!strcmp(style, "replicate")) r.style = FS_TP_REPLICATE;
         else {
             fs_plan_free(p);
-            return fs_errf(e, FS_E_INPUT, "%s:%d: unknown style '%s' (colwise, rowwise, packed_rowwise, replicate)",
+            return fs_errf(e, FS_E_INPUT,
+                           "%s:%d: unknown style '%s' (colwise, rowwise, packed_rowwise, packed_colwise, replicate)",
                            origin, lineno, style);
         }
-        if (r.style == FS_TP_PACKED_ROWWISE) {
-            char *comma = strchr(args, ',');
-            if (nf < 3 || !comma) {
+        if (r.style == FS_TP_PACKED_ROWWISE || r.style == FS_TP_PACKED_COLWISE) {
+            const int rowwise = r.style == FS_TP_PACKED_ROWWISE;
+            if (nf < 3 || !strchr(args, ',')) {
                 fs_plan_free(p);
-                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise needs the two input widths, e.g. 'D,4D'", origin,
-                               lineno);
+                return fs_errf(e, FS_E_INPUT, "%s:%d: %s needs the %s widths, e.g. '%s'", origin, lineno, style,
+                               rowwise ? "two input" : "2 to 5 output block", rowwise ? "D,4D" : "D,D,D,F,F");
             }
-            *comma = 0;
-            if (!valid_width(args) || !valid_width(comma + 1) || strlen(args) >= 16 || strlen(comma + 1) >= 16) {
+            char wcopy[64];
+            snprintf(wcopy, sizeof wcopy, "%s", args);
+            char *save = NULL;
+            for (char *tok = strtok_r(wcopy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (r.nsplit == FS_TP_MAX_BLOCKS || !valid_width(tok) || strlen(tok) >= sizeof r.split[0]) {
+                    fs_plan_free(p);
+                    return fs_errf(e, FS_E_INPUT, "%s:%d: %s widths '%s': at most %d, each an integer, kD or kF (at "
+                                                  "most 9 digits)", origin, lineno, style, args, FS_TP_MAX_BLOCKS);
+                }
+                strcpy(r.split[r.nsplit++], tok);
+            }
+            /* "D,,4D" and "D," would otherwise lose a width silently */
+            int commas = 0;
+            for (const char *q = args; *q; q++) commas += *q == ',';
+            if (commas + 1 != r.nsplit || (rowwise && r.nsplit != 2) || r.nsplit < 2) {
                 fs_plan_free(p);
-                return fs_errf(e, FS_E_INPUT, "%s:%d: packed_rowwise widths '%s,%s' must be integers or kD (at most "
-                                              "9 digits)", origin, lineno, args, comma + 1);
+                return fs_errf(e, FS_E_INPUT, "%s:%d: %s widths '%s': %s", origin, lineno, style, args,
+                               rowwise ? "exactly two, e.g. 'D,4D'" : "2 to 5, none empty, e.g. 'D,D,D,F,F'");
             }
-            strcpy(r.split[0], args);
-            strcpy(r.split[1], comma + 1);
             nf--;
         }
         if (nf > 2) {
@@ -174,30 +217,33 @@ static int64_t resolve(const char *w, const fs_config *c)
     long long k = strtoll(w, &end, 10);
     if (end == w) k = 1;
     if (*end == 'D') return k * fs_config_hidden(c);
+    if (*end == 'F') return k * fs_config_mlp_hidden(c);
     return k;
 }
 
-fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *module, int64_t widths[2], int *rule)
+fs_tp_style fs_plan_lookup(const fs_plan *p, const fs_config *c, const char *module, int64_t widths[FS_TP_MAX_BLOCKS],
+                           int *n, int *rule)
 {
     if (rule) *rule = -1;
+    if (n) *n = 0;
     for (int i = 0; p && i < p->n; i++)
         if (fnmatch(p->rules[i].glob, module, 0) == 0) {
             if (rule) *rule = i;
-            if (p->rules[i].style == FS_TP_PACKED_ROWWISE && widths) {
-                widths[0] = resolve(p->rules[i].split[0], c);
-                widths[1] = resolve(p->rules[i].split[1], c);
-            }
+            for (int k = 0; widths && k < p->rules[i].nsplit; k++) widths[k] = resolve(p->rules[i].split[k], c);
+            if (n) *n = p->rules[i].nsplit;
             return p->rules[i].style;
         }
     return FS_TP_REPLICATE;
 }
 
 /* AdaLN modulation linears: norm1.linear, norm1_context.linear (double blocks), norm.linear
- * (single blocks), norm_out.linear. */
+ * (single blocks), norm_out.linear; FLUX.2's shared double_stream_modulation_img/_txt.linear and
+ * single_stream_modulation.linear. */
 static int is_adaln_linear(const char *m)
 {
     return strstr(m, "norm1.linear") || strstr(m, "norm1_context.linear") || strstr(m, ".norm.linear") ||
-           !strcmp(m, "norm_out.linear");
+           !strcmp(m, "norm_out.linear") || strstr(m, "_modulation_img.linear") || strstr(m, "_modulation_txt.linear") ||
+           !strcmp(m, "single_stream_modulation.linear");
 }
 
 /* q, k, v (and the context stream's add_*_proj): what fused-qkv-contiguous cuts (fs_weights.c) */
@@ -219,6 +265,15 @@ static void inject_wrong_split(const fs_inject *in, const char *module, int T, i
                                fs_inject_linear *wrong)
 {
     if (!in || T < 2) return;
+    if (fs_injected(in, FS_INJ_PACKED_COLWISE_CONTIGUOUS) && s->style == FS_TP_PACKED_COLWISE) {
+        /* sglang#21664's sibling: a packed [gate | up] (or [q|k|v|gate|up]) Linear loaded as
+         * plain colwise, rows [t·N/T, (t+1)·N/T): rank 0 gets gate and the first part of up of
+         * other features, SwiGLU pairs a gate with the wrong up */
+        s->nr = 1;
+        s->r0 = s->rr[0][0] = t * (s->N / T);
+        s->r1 = s->rr[0][1] = (t + 1) * (s->N / T);
+        fs_inject_fire(FS_INJ_PACKED_COLWISE_CONTIGUOUS);
+    }
     if (fs_injected(in, FS_INJ_PROJ_OUT_CONTIGUOUS) && s->style == FS_TP_PACKED_ROWWISE && s->K) {
         /* seed 000 TP-1: columns [t·K/T, (t+1)·K/T) of the [attn | mlp] input, as if it were one
          * contiguous row-parallel input; the rank's input is still [attn_t | mlp_t] */
@@ -261,20 +316,46 @@ int fs_tp_split_of(const fs_plan *p, const fs_config *c, const char *module, int
 int fs_tp_split_of_injected(const fs_plan *p, const fs_config *c, const char *module, int64_t N, int64_t K, int T,
                             int t, const fs_inject *inj, fs_tp_split *s, fs_inject_linear *wrong, fs_err *e)
 {
-    int64_t widths[2] = {0, 0};
+    int64_t widths[FS_TP_MAX_BLOCKS] = {0};
+    int nw = 0;
     *wrong = (fs_inject_linear){0};
-    *s = (fs_tp_split){.style = FS_TP_REPLICATE, .N = N, .K = K, .r0 = 0, .r1 = N, .nc = 1, .c = {{0, K}}};
-    if (T > 1) s->style = fs_plan_lookup(p, c, module, widths, NULL);
+    *s = (fs_tp_split){.style = FS_TP_REPLICATE, .N = N, .K = K, .r0 = 0, .r1 = N, .nr = 1, .rr = {{0, N}}, .nc = 1,
+                       .c = {{0, K}}};
+    if (T > 1) s->style = fs_plan_lookup(p, c, module, widths, &nw, NULL);
     switch (s->style) {
     case FS_TP_REPLICATE: break;
     case FS_TP_COLWISE: /* output rows; the bias follows them */
         if (N % T)
             return fs_errf(e, FS_E_INPUT, "%s: colwise over tp %d needs its %lld output features divisible by it", module,
                            T, (long long)N);
-        s->r0 = t * (N / T);
-        s->r1 = (t + 1) * (N / T);
+        s->r0 = s->rr[0][0] = t * (N / T);
+        s->r1 = s->rr[0][1] = (t + 1) * (N / T);
         s->bias_sharded = 1;
         break;
+    case FS_TP_PACKED_COLWISE: { /* each output block split colwise on its own: rows o_k + t·W_k/T.. */
+        int64_t sum = 0;
+        for (int k = 0; k < nw; k++) sum += widths[k];
+        if (sum != N) {
+            char ws[128] = "";
+            for (int k = 0, o = 0; k < nw; k++) o += snprintf(ws + o, sizeof ws - o, "%s%lld", k ? "," : "", (long long)widths[k]);
+            return fs_errf(e, FS_E_INPUT, "%s: packed_colwise widths %s sum to %lld, but it has %lld output features",
+                           module, ws, (long long)sum, (long long)N);
+        }
+        int64_t o = 0;
+        for (int k = 0; k < nw; k++) {
+            if (widths[k] % T)
+                return fs_errf(e, FS_E_INPUT, "%s: packed_colwise block %d of width %lld does not split over tp %d",
+                               module, k, (long long)widths[k], T);
+            s->rr[k][0] = o + t * (widths[k] / T);
+            s->rr[k][1] = o + (t + 1) * (widths[k] / T);
+            o += widths[k];
+        }
+        s->nr = nw;
+        s->r0 = s->rr[0][0];
+        s->r1 = s->rr[nw - 1][1];
+        s->bias_sharded = 1;
+        break;
+    }
     case FS_TP_ROWWISE: /* input columns; partials all-reduced, the whole bias added once after */
         if (K % T)
             return fs_errf(e, FS_E_INPUT, "%s: rowwise over tp %d needs its %lld input features divisible by it", module,

@@ -428,7 +428,7 @@ static int configure_layout(fs_job *j, fs_err *e)
     j->tp = j->tp ? j->tp : 1;
     j->uly = j->uly ? j->uly : 1;
     j->ring = j->ring ? j->ring : 1;
-    rc = o->plan ? fs_plan_load(&j->plan, o->plan, e) : fs_plan_parse(&j->plan, fs_plan_default_text(), "built-in plan", e);
+    rc = o->plan ? fs_plan_load(&j->plan, o->plan, e) : fs_plan_parse(&j->plan, fs_plan_default_text_for(&j->cfg), j->cfg.family == FS_FLUX2 ? "built-in FLUX.2 plan" : "built-in plan", e);
     if (!rc)
         rc = fs_par_init(&j->par, world, &j->cfg, j->tp, j->uly, j->ring,
                          o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &j->plan, e);

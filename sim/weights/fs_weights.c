@@ -44,6 +44,7 @@ int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_co
     if (rc) return rc;
     if (d->kind == FS_PARAM_RMS_W || (d->kind == FS_PARAM_BIAS && !s->bias_sharded)) {
         s->r0 = 0, s->r1 = N; /* the whole tensor */
+        s->nr = 1, s->rr[0][0] = 0, s->rr[0][1] = N;
     }
     if (!K) s->nc = 1, s->c[0][0] = 0, s->c[0][1] = 1; /* a vector: one "column" */
     return FS_OK;
@@ -53,7 +54,18 @@ int fs_weights_shard_of(const fs_param_desc *d, const fs_plan *plan, const fs_co
 static int whole(const fs_param_desc *d, const fs_tp_split *s)
 {
     const int64_t K = d->ndim == 2 ? d->shape[1] : 1;
-    return s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
+    return s->nr <= 1 && s->r0 == 0 && s->r1 == d->shape[0] && s->nc == 1 && s->c[0][0] == 0 && s->c[0][1] == K;
+}
+
+/* Row interval k of a split as a split of its own (packed_colwise holds several: each is made
+ * like a colwise piece, then the pieces are stacked in order). */
+static fs_tp_split row_piece(const fs_tp_split *s, int k)
+{
+    fs_tp_split p = *s;
+    p.nr = 1;
+    p.r0 = p.rr[0][0] = s->nr <= 1 ? s->r0 : s->rr[k][0];
+    p.r1 = p.rr[0][1] = s->nr <= 1 ? s->r1 : s->rr[k][1];
+    return p;
 }
 
 /* The elements a shard holds, generated run by run: a run is a contiguous range of the full
@@ -97,6 +109,20 @@ static void free_param(const fs_weights *w, int i, fs_tensor *t)
     fs_tensor_free(t);
 }
 
+/* One contiguous row range `sh` of parameter i, in make_dtype: from the checkpoint (maybe a view)
+ * or the generator. */
+static int make_rows(fs_weights *w, int i, const fs_tp_split *sh, fs_tensor *made, fs_err *e)
+{
+    const fs_param_desc *d = &w->desc[i];
+    if (w->load) return fs_wload_make(w->load, i, d, sh, w->make_dtype, made, e);
+    int64_t shape[2] = {sh->r1 - sh->r0, fs_tp_split_cols(sh)};
+    /* uninitialised: fill_synthetic writes every element, and its threads touch the pages first */
+    int rc = fs_tensor_alloc_uninit(made, w->make_dtype, d->ndim, shape, e);
+    if (!rc) fill_synthetic(made, d, sh, w->seed);
+    else fs_err_prefix(e, "synthetic weight %s: ", d->name);
+    return rc;
+}
+
 static int make_param(fs_weights *w, int i, fs_err *e)
 {
     const fs_param_desc *d = &w->desc[i];
@@ -104,13 +130,22 @@ static int make_param(fs_weights *w, int i, fs_err *e)
     fs_tensor *t = &w->t[i], made = {0};
     int rc = fs_weights_shard_of(d, w->plan, &w->cfg, w->tp, w->tp_rank, w->inj, &sh, e);
     if (rc) return rc;
-    if (w->load) {
-        rc = fs_wload_make(w->load, i, d, &sh, w->make_dtype, &made, e);
-    } else {
-        int64_t shape[2] = {sh.r1 - sh.r0, fs_tp_split_cols(&sh)};
-        /* uninitialised: fill_synthetic writes every element, and its threads touch the pages first */
-        if (!(rc = fs_tensor_alloc_uninit(&made, w->make_dtype, d->ndim, shape, e))) fill_synthetic(&made, d, &sh, w->seed);
-        else fs_err_prefix(e, "synthetic weight %s: ", d->name);
+    if (sh.nr <= 1) {
+        rc = make_rows(w, i, &sh, &made, e);
+    } else { /* packed_colwise: the rank's rows of every block, stacked in block order */
+        const int64_t cols = fs_tp_split_cols(&sh);
+        int64_t shape[2] = {fs_tp_split_rows(&sh), cols}, at = 0;
+        rc = fs_tensor_alloc_uninit(&made, w->make_dtype, d->ndim, shape, e);
+        for (int k = 0; !rc && k < sh.nr; k++) {
+            fs_tp_split p = row_piece(&sh, k);
+            fs_tensor piece = {0};
+            if ((rc = make_rows(w, i, &p, &piece, e))) break;
+            const size_t bytes = (size_t)((p.r1 - p.r0) * (d->ndim == 2 ? cols : 1)) * fs_dtype_size(w->make_dtype);
+            memcpy((char *)made.data + (size_t)at * fs_dtype_size(w->make_dtype), piece.data, bytes);
+            at += (p.r1 - p.r0) * (d->ndim == 2 ? cols : 1);
+            free_param(w, i, &piece);
+        }
+        if (rc) fs_tensor_free(&made);
     }
     if (rc) return rc;
     if (made.dtype != w->dtype) { /* --match bf16: bf16 values, exactly, in the run dtype */
@@ -238,7 +273,7 @@ int64_t fs_weights_block_bytes(const fs_weights *w, int T, int t, fs_err *e)
         fs_tp_split sh;
         if (!is_block_param(d->name)) continue;
         if (fs_weights_shard_of(d, w->plan, &w->cfg, T, t, w->inj, &sh, e)) return -1;
-        n += (sh.r1 - sh.r0) * fs_tp_split_cols(&sh) * (int64_t)fs_dtype_size(w->dtype);
+        n += fs_tp_split_rows(&sh) * fs_tp_split_cols(&sh) * (int64_t)fs_dtype_size(w->dtype);
     }
     return n;
 }
@@ -344,19 +379,22 @@ int fs_weights_shard(fs_weights *w, const fs_plan *plan, int T, int t, const fs_
         }
         const fs_tensor *full = &w->t[i];
         const int64_t K = d->ndim == 2 ? d->shape[1] : 1, cols = fs_tp_split_cols(&sh);
-        if (cols == K && !full->owns) { /* a row range of a view: still a view */
+        if (cols == K && !full->owns && sh.nr <= 1) { /* a row range of a view: still a view */
             cut[i] = fs_tensor_rows(full, sh.r0, sh.r1 - sh.r0);
             continue;
         }
-        int64_t shape[2] = {sh.r1 - sh.r0, cols};
+        int64_t shape[2] = {fs_tp_split_rows(&sh), cols}, out_row = 0;
         if ((rc = fs_tensor_alloc(&cut[i], w->dtype, d->ndim, shape, e))) break;
-        for (int64_t r = sh.r0; r < sh.r1; r++) {
-            int64_t o = 0;
-            for (int k = 0; k < sh.nc; k++) {
-                int64_t len = sh.c[k][1] - sh.c[k][0];
-                memcpy((char *)cut[i].data + (size_t)((r - sh.r0) * cols + o) * es,
-                       (const char *)full->data + (size_t)(r * K + sh.c[k][0]) * es, (size_t)len * es);
-                o += len;
+        for (int p = 0; p < (sh.nr > 1 ? sh.nr : 1); p++) { /* packed_colwise: each block's rows in turn */
+            const fs_tp_split rp = row_piece(&sh, p);
+            for (int64_t r = rp.r0; r < rp.r1; r++, out_row++) {
+                int64_t o = 0;
+                for (int k = 0; k < sh.nc; k++) {
+                    int64_t len = sh.c[k][1] - sh.c[k][0];
+                    memcpy((char *)cut[i].data + (size_t)(out_row * cols + o) * es,
+                           (const char *)full->data + (size_t)(r * K + sh.c[k][0]) * es, (size_t)len * es);
+                    o += len;
+                }
             }
         }
     }
