@@ -9,7 +9,8 @@
 #   T15  --device-mem 1e-300G / 0x10G / 0.0000000001G refused
 #   T16  --tp/--ulysses/--ring 10^6: the right product, not a wrapped int
 #   T19  a --dump-modules selection over the declaration limit refused at parse time, naming
-#        the option, not the temporary
+#        the option, not the temporary; a selection that matches no module of the model refused
+#        before any work (before: after step 0 ran)
 #   T12  --dump-modules with a newline / ESC: one line, escaped
 #   T21  TERM=dumb / NO_COLOR on a terminal: no escape sequence in the progress lines
 . "$(dirname "$0")/lib.sh"
@@ -76,6 +77,19 @@ g=$(printf '*?%.0s' $(seq 20))X; sel=$g; for i in $(seq 2 24); do sel="$sel,$g";
 one_err "--dump-modules of 24 x 41 characters" 2 "$SIM" $RUN --dump o.h5 --dump-modules "$sel"
 if grep -q -- '--dump-modules: the selection' err && ! grep -q 'tmp' err; then ok "T19: names the option, not the temporary"; else bad "T19: $(cat err)"; fi
 nothing_left "T19"
+# matches no module: refused from the config's names list before inputs, weights or the memory
+# check (flux-dev at 2000x2000 would be refused as too big, or run for hours, if it got that far)
+start=$(date +%s%N)
+one_err "--dump-modules matching no module" 2 "$SIM" --config flux-dev --grid 2000x2000 --dump o.h5 --dump-modules 'transformer_blocks.19.*,nomatch'
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if grep -q -- "--dump-modules transformer_blocks.19.\*,nomatch: matches no module of this model" err && [ "$ms" -lt 20000 ]; then
+  ok "T19: matches no module: refused up front (${ms} ms, before the size check)"
+else bad "T19: matches no module: ${ms} ms: $(cat err)"; fi
+one_err "--check --dump-modules matching no module" 2 "$SIM" $RUN --check --dump-modules 'x_embedder.*'
+grep -q 'matches no module' err || bad "T19 --check: $(cat err)"
+one_err "--estimate --dump-modules matching no module" 2 "$SIM" --estimate --dump o.h5 --dump-modules 'nomatch'
+grep -q 'matches no module' err || bad "T19 --estimate: $(cat err)"
+nothing_left "T19 matches no module"
 
 # ---- T12: a newline or ESC in --dump-modules stays one line ----
 one_err "--dump-modules with a newline" 2 "$SIM" $RUN --dump o.h5 --dump-modules $'proj_out\nflux-sim: OK'

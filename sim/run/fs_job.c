@@ -232,7 +232,7 @@ static int refuse_if_too_big(const fs_job_opts *o, const fs_config *cfg, int B, 
     tp = tp ? tp : 1;
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
-    fs_estimate_req r0, r1;
+    fs_estimate_req r0 = {0}, r1 = {0};
     fs_estimate e0, e1;
     const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
     estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 1, tp == 1 || (o->check && !o->check_ref) || fused, &r0);
@@ -279,6 +279,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
             steps = in.n_steps;
         }
     } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
+    if (!rc) rc = fs_select_check_model(&sel, &cfg, e); /* the run would refuse it up front too */
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
     if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
     tp = tp ? tp : 1;
@@ -312,7 +313,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
             fs_par_free(&p);
         }
     }
-    fs_estimate_req r0, r1;
+    fs_estimate_req r0 = {0}, r1 = {0};
     fs_estimate e0 = {0}, e1 = {0};
     if (!rc) {
         estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 1,
@@ -389,9 +390,12 @@ static int configure_inputs(fs_job *j, fs_err *e)
             }
             if (!rc && *what && memcmp(&want, &j->cfg, sizeof j->cfg))
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
+            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, e);
             if (!rc)
                 rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, &j->sel, world->size, ranks_here, e);
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
+                   /* --dump-modules that selects nothing of this model: refused before any work */
+                   !(rc = fs_select_check_model(&j->sel, &j->cfg, e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
                                             o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {

@@ -3,7 +3,10 @@
 
 #include "fs_dump.h" /* FS_DUMP_DECL_MAX */
 
+#include <cjson/cJSON.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The option's text is the user's and may hold anything (a newline, an escape sequence): every
@@ -70,6 +73,191 @@ const char *fs_select_modules_decl(const fs_select *s, char *buf, size_t n)
     return buf;
 }
 
+/* The one message for a selection that selects nothing (up front, or at the end of a step). */
+static int no_match(const fs_select *s, fs_err *e)
+{
+    char g[FS_DUMP_DECL_MAX + 1], shown[400];
+    return fs_errf(e, FS_E_INPUT, "--dump-modules %s: matches no module of this model (names as in a dump's `order`, "
+                                  "e.g. 'single_transformer_blocks.0.*,proj_out')",
+                   fs_printable(fo_globs_str(&s->modules, g, sizeof g), shown, sizeof shown, 300));
+}
+
+/* ---- the names a run records (fs_select.h) ---- */
+
+void fs_names_free(fs_names *l)
+{
+    if (!l) return;
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+__attribute__((format(printf, 2, 3))) static int name(fs_names *l, const char *fmt, ...)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 256;
+        char **v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) return FS_E_NOMEM;
+        l->v = v, l->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vasprintf(&l->v[l->n], fmt, ap);
+    va_end(ap);
+    if (rc < 0) return FS_E_NOMEM;
+    l->n++;
+    return FS_OK;
+}
+
+#define NAME(...)                                           \
+    do {                                                    \
+        if ((rc = name(l, __VA_ARGS__))) return rc;         \
+    } while (0)
+
+/* An AdaLayerNorm (fs_layers.c: fs_ada_layer_norm_zero, fs_ada_layer_norm_continuous): its SiLU, Linear and
+ * LayerNorm, then the returned tuple's k elements. */
+static int ada_norm(fs_names *l, const char *p, int k)
+{
+    int rc;
+    NAME("%s.silu", p);
+    NAME("%s.linear", p);
+    NAME("%s.norm", p);
+    for (int i = 0; i < k; i++) NAME("%s#%d", p, i);
+    return FS_OK;
+}
+
+/* FeedForward(GELU tanh): net.0 = GELU(proj), net.1 = Dropout, net.2 = Linear. */
+static int feed_forward(fs_names *l, const char *p)
+{
+    int rc;
+    NAME("%s.net.0.proj", p);
+    NAME("%s.net.0", p);
+    NAME("%s.net.1", p);
+    NAME("%s.net.2", p);
+    NAME("%s", p);
+    return FS_OK;
+}
+
+/* TimestepEmbedding: linear_1, the activation, linear_2, the module. */
+static int mlp_embedder(fs_names *l, const char *p, const char *act)
+{
+    int rc;
+    NAME("%s.linear_1", p);
+    NAME("%s.%s", p, act);
+    NAME("%s.linear_2", p);
+    NAME("%s", p);
+    return FS_OK;
+}
+
+/* FLUX.1, as sim/model/fs_flux1.c records it (diffusers' FluxTransformer2DModel module paths). */
+static int flux1_names(const fs_config *c, fs_names *l)
+{
+    int rc;
+    char p[64];
+    NAME("x_embedder");
+    NAME("time_text_embed.time_proj");
+    if ((rc = mlp_embedder(l, "time_text_embed.timestep_embedder", "act"))) return rc;
+    if (c->guidance_embeds) {
+        NAME("time_text_embed.time_proj@1"); /* the same time_proj module fires twice */
+        if ((rc = mlp_embedder(l, "time_text_embed.guidance_embedder", "act"))) return rc;
+    }
+    if ((rc = mlp_embedder(l, "time_text_embed.text_embedder", "act_1"))) return rc;
+    NAME("time_text_embed");
+    NAME("context_embedder");
+    NAME("pos_embed#0");
+    NAME("pos_embed#1");
+    static const char *const attn[] = {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "norm_q",
+                                       "norm_k", "norm_added_q", "norm_added_k", "to_out.0", "to_out.1", "to_add_out"};
+    for (int i = 0; i < c->num_layers; i++) {
+        snprintf(p, sizeof p, "transformer_blocks.%d", i);
+        char q[80];
+        snprintf(q, sizeof q, "%s.norm1", p);
+        if ((rc = ada_norm(l, q, 5))) return rc;
+        snprintf(q, sizeof q, "%s.norm1_context", p);
+        if ((rc = ada_norm(l, q, 5))) return rc;
+        for (size_t k = 0; k < sizeof attn / sizeof *attn; k++) NAME("%s.attn.%s", p, attn[k]);
+        NAME("%s.attn#0", p);
+        NAME("%s.attn#1", p);
+        NAME("%s.norm2", p);
+        snprintf(q, sizeof q, "%s.ff", p);
+        if ((rc = feed_forward(l, q))) return rc;
+        NAME("%s.norm2_context", p);
+        snprintf(q, sizeof q, "%s.ff_context", p);
+        if ((rc = feed_forward(l, q))) return rc;
+        NAME("%s#0", p);
+        NAME("%s#1", p);
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
+        char q[80];
+        snprintf(q, sizeof q, "%s.norm", p);
+        if ((rc = ada_norm(l, q, 2))) return rc;
+        NAME("%s.proj_mlp", p);
+        NAME("%s.act_mlp", p);
+        NAME("%s.attn.to_q", p);
+        NAME("%s.attn.to_k", p);
+        NAME("%s.attn.to_v", p);
+        NAME("%s.attn.norm_q", p);
+        NAME("%s.attn.norm_k", p);
+        NAME("%s.attn", p);
+        NAME("%s.proj_out", p);
+        NAME("%s#0", p);
+        NAME("%s#1", p);
+    }
+    if ((rc = ada_norm(l, "norm_out", 0))) return rc;
+    NAME("norm_out");
+    NAME("proj_out");
+    return FS_OK;
+}
+
+/* One entry per model family with a names list, by diffusers class name. */
+static const struct {
+    const char *class_name;
+    int (*names)(const fs_config *, fs_names *);
+} families[] = {
+    {"FluxTransformer2DModel", flux1_names},
+};
+
+int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e)
+{
+    memset(out, 0, sizeof *out);
+    *known = 0;
+    /* the family by its class name, as the config writes itself: no dependence on how the
+     * struct tells families apart */
+    char *js = fs_config_to_json(cfg);
+    cJSON *root = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (!root) return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
+    int (*fn)(const fs_config *, fs_names *) = NULL;
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (cJSON_IsString(cn) && !strcmp(cn->valuestring, families[i].class_name)) fn = families[i].names;
+    cJSON_Delete(root);
+    if (!fn) return FS_OK;
+    int rc;
+    fs_names *l = out;
+    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, l)) || (rc = name(l, "latents_out"))) {
+        fs_names_free(out);
+        return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
+    }
+    *known = 1;
+    return FS_OK;
+}
+#undef NAME
+
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, fs_err *e)
+{
+    if (!s || !s->modules.n) return FS_OK;
+    fs_names l;
+    int known, rc = fs_record_names(cfg, &l, &known, e);
+    if (rc || !known) return rc;
+    int hit = 0;
+    for (int i = 0; i < l.n && !hit; i++)
+        hit = strcmp(l.v[i], "latents_in") && strcmp(l.v[i], "latents_out") && fo_globs_match(&s->modules, l.v[i]);
+    fs_names_free(&l);
+    return hit ? FS_OK : no_match(s, e);
+}
+
 static int filter_begin(void *ctx, int step, double t, double sg, double sn, fs_err *e)
 {
     fs_select_filter *f = ctx;
@@ -82,12 +270,7 @@ static int filter_end(void *ctx, int step, fs_err *e)
 {
     fs_select_filter *f = ctx;
     if (!fs_select_step(f->sel, step)) return FS_OK;
-    if (f->rec.fn && f->sel && f->sel->modules.n && !f->matched) {
-        char g[FS_DUMP_DECL_MAX + 1], shown[400];
-        return fs_errf(e, FS_E_INPUT, "--dump-modules %s: matches no module of this model (names as in a dump's `order`, "
-                                      "e.g. 'single_transformer_blocks.0.*,proj_out')",
-                       fs_printable(fo_globs_str(&f->sel->modules, g, sizeof g), shown, sizeof shown, 300));
-    }
+    if (f->rec.fn && f->sel && f->sel->modules.n && !f->matched) return no_match(f->sel, e);
     return f->hooks.end_step ? f->hooks.end_step(f->hooks.ctx, step, e) : FS_OK;
 }
 

@@ -18,6 +18,7 @@
 #define FS_SELECT_H
 
 #include "fo_steps.h"
+#include "fs_config.h"
 #include "fs_record.h"
 #include "fs_sampler.h"
 
@@ -36,6 +37,25 @@ int fs_select_module(const fs_select *s, const char *name);
 const char *fs_select_steps_decl(const fs_select *s, char *buf, size_t n);
 const char *fs_select_modules_decl(const fs_select *s, char *buf, size_t n);
 
+/* ---- The names a run records, from the config alone ----
+ * Every record of a step, in the order a run of `cfg` records them (fs_sample: latents_in, the
+ * forward's modules as fs_layer_record names them, latents_out), built without computing
+ * anything. Per model family, told apart by the config's diffusers class name (`_class_name` of
+ * fs_config_to_json). Today only FLUX.1 (FluxTransformer2DModel) has a list; for another family
+ * *known is 0 and the list is empty (a FLUX.2 list is added to the table in fs_select.c beside
+ * its forward). tests/test_select.c checks the list against the names real runs record, for
+ * every FLUX.1 preset and a guidance-free config, so the two cannot drift apart silently. */
+typedef struct fs_names {
+    char **v;
+    int n, cap;
+} fs_names;
+int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e);
+void fs_names_free(fs_names *l); /* leaves {0} */
+/* Up-front refusal of --dump-modules globs that match no module `cfg` records (FS_E_INPUT, one
+ * line naming the globs), before any input, weight or dump is made. FS_OK when there are no globs
+ * or the family has no list (then the filter's end of the first recorded step still refuses). */
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, fs_err *e);
+
 /* A recorder + step hooks that pass on only the selected records to `rec` / `hooks`. The filter
  * keeps the current step; it must outlive the run it records. */
 typedef struct fs_select_filter {
@@ -46,7 +66,9 @@ typedef struct fs_select_filter {
     int64_t matched; /* records passed on other than latents_in/out */
 } fs_select_filter;
 /* The filter's end of step fails (FS_E_INPUT, naming the globs) when the globs matched no module
- * in the first step recorded: a selection that selects nothing is a mistake, not an empty dump. */
+ * in the first step recorded: a selection that selects nothing is a mistake, not an empty dump.
+ * For FLUX.1 fs_select_check_model refuses it before the run; this is the backstop for a family
+ * without a names list. */
 void fs_select_filter_init(fs_select_filter *f, const fs_select *sel, fs_recorder rec, fs_step_hooks hooks);
 fs_recorder fs_select_filter_recorder(fs_select_filter *f); /* fn NULL when rec.fn is NULL */
 fs_step_hooks fs_select_filter_hooks(fs_select_filter *f);
