@@ -27,12 +27,60 @@ static int whole(const cJSON *v, int64_t *out)
     return 1;
 }
 
-static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard *s, const char *origin,
-                      const char *name, fs_err *e, int per_rank)
+/* ---- the one reader of a `ranges` list ----
+ * `ranges` is [[[a, b], ...] for rank 0, [...] for rank 1, ...]: rank r holds the intervals
+ * [a, b) of the axis, in their listed order. ranges_each checks the list as it walks it (each
+ * rank's entry a list, each interval two whole numbers from 0 with a <= b) and calls fn for every
+ * interval of every rank in order; fn returning non-zero stops the walk with that code. Both the
+ * ownership masks (fo_shard) and the pieces (fo_piece) read `ranges` only through it. */
+typedef struct ranges_ctx {
+    const char *origin, *name;
+    fs_err *e;
+    int d;            /* the axis, normalised */
+    int64_t local;    /* the tensor's extent on it (in a per-rank file: the local piece's) */
+    int per_rank;
+    int64_t extent;   /* fo_shard: the mask length */
+    uint64_t *m;      /* fo_shard: the mask being filled */
+    int rank;         /* fo_piece: the rank whose piece is wanted */
+    int64_t len, gext; /* fo_piece: its local extent, the largest interval end */
+    int64_t *g, o;    /* fo_piece: local -> global, being filled */
+} ranges_ctx;
+
+typedef int (*interval_fn)(ranges_ctx *c, int r, int64_t lo, int64_t hi);
+
+static int ranges_each(const cJSON *ranges, interval_fn fn, ranges_ctx *c)
+{
+    const cJSON *rr, *iv;
+    int r = 0;
+    cJSON_ArrayForEach(rr, ranges)
+    {
+        if (!cJSON_IsArray(rr))
+            return fs_errf(c->e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] is not a list of [a, b)", c->origin,
+                           c->name, r);
+        cJSON_ArrayForEach(iv, rr)
+        {
+            int64_t lo, hi;
+            if (!cJSON_IsArray(iv) || cJSON_GetArraySize(iv) != 2 || !whole(cJSON_GetArrayItem(iv, 0), &lo) ||
+                !whole(cJSON_GetArrayItem(iv, 1), &hi) || lo > hi)
+                return fs_errf(c->e, FS_E_INPUT,
+                               "%s: sharding entry %s: ranges[%d] holds something other than [a, b] (whole numbers "
+                               "from 0, a <= b)",
+                               c->origin, c->name, r);
+            int rc = fn(c, r, lo, hi);
+            if (rc) return rc;
+        }
+        r++;
+    }
+    return FS_OK;
+}
+
+/* The common head of a {"dim", "ranges"} object: the axis, normalised, and the ranges list. */
+static int axis_head(const cJSON *obj, int ndim, const cJSON **ranges, int *axis, const char *origin,
+                     const char *name, fs_err *e)
 {
     const cJSON *dim = cJSON_GetObjectItemCaseSensitive(obj, "dim");
-    const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(obj, "ranges");
-    if (!cJSON_IsNumber(dim) || !cJSON_IsArray(ranges))
+    *ranges = cJSON_GetObjectItemCaseSensitive(obj, "ranges");
+    if (!cJSON_IsNumber(dim) || !cJSON_IsArray(*ranges))
         return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: needs \"dim\" (number) and \"ranges\" (array)", origin,
                        name);
     double dd = dim->valuedouble;
@@ -43,63 +91,59 @@ static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard
     if (d < 0 || d >= ndim)
         return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: dim %d outside a %d-d tensor", origin, name, (int)dd,
                        ndim);
-    if (s->naxes >= FO_SHARD_MAX_DIMS)
-        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: too many split axes", origin, name);
-    /* The intervals are in GLOBAL coordinates: in a per-rank file (its `parallel` has `rank`)
-     * the dataset holds only the rank's piece, so the axis the map describes can be longer
-     * than the local one. In a global dump an interval past the axis is an error. */
-    int64_t extent = shape[d];
-    const cJSON *rr, *iv;
-    int r = 0;
-    cJSON_ArrayForEach(rr, ranges)
-    {
-        if (!cJSON_IsArray(rr))
-            return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] is not a list of [a, b)", origin, name, r);
-        cJSON_ArrayForEach(iv, rr)
-        {
-            int64_t lo, hi;
-            if (!cJSON_IsArray(iv) || cJSON_GetArraySize(iv) != 2 || !whole(cJSON_GetArrayItem(iv, 0), &lo) ||
-                !whole(cJSON_GetArrayItem(iv, 1), &hi))
-                return fs_errf(e, FS_E_INPUT,
-                               "%s: sharding entry %s: ranges[%d] holds something other than [a, b] (whole numbers "
-                               "from 0)",
-                               origin, name, r);
-            if (per_rank && hi > extent) {
-                /* A rank holds a piece of the global axis; a global axis thousands of times the
-                 * local one is not a layout but a damaged map (and would allocate its mask). */
-                if ((double)hi > ((double)shape[d] + 1) * 4096)
-                    return fs_errf(e, FS_E_INPUT,
-                                   "%s: sharding entry %s: ranges[%d] interval end %lld is implausible for a local "
-                                   "axis %d of size %lld",
-                                   origin, name, r, (long long)hi, d, (long long)shape[d]);
-                extent = hi;
-            }
-        }
-        r++;
-    }
-    uint64_t *m = calloc(extent ? (size_t)extent : 1, sizeof *m);
-    if (!m) return fs_errf(e, FS_E_NOMEM, "%s: sharding entry %s: out of memory", origin, name);
-    s->axis[s->naxes] = d;
-    s->extent[s->naxes] = extent;
-    s->mask[s->naxes++] = m;
-    r = 0;
-    cJSON_ArrayForEach(rr, ranges)
-    {
-        cJSON_ArrayForEach(iv, rr)
-        {
-            int64_t lo = 0, hi = 0;
-            whole(cJSON_GetArrayItem(iv, 0), &lo);
-            whole(cJSON_GetArrayItem(iv, 1), &hi);
-            if (hi > extent || lo > hi)
-                return fs_errf(e, FS_E_INPUT,
-                               "%s: sharding entry %s: ranges[%d] interval [%lld, %lld) outside axis %d of size %lld",
-                               origin, name, r, (long long)lo, (long long)hi, d, (long long)shape[d]);
-            if (r < 64)
-                for (int64_t c = lo; c < hi; c++) m[c] |= (uint64_t)1 << r;
-        }
-        r++;
+    *axis = d;
+    return FS_OK;
+}
+
+/* fo_shard, first walk: the mask length. The intervals are in GLOBAL coordinates: in a per-rank
+ * file (its `parallel` has `rank`) the dataset holds only the rank's piece, so the axis the map
+ * describes can be longer than the local one. In a global dump an interval past the axis is an
+ * error (second walk). */
+static int shard_extent(ranges_ctx *c, int r, int64_t lo, int64_t hi)
+{
+    (void)lo;
+    if (c->per_rank && hi > c->extent) {
+        /* A rank holds a piece of the global axis; a global axis thousands of times the local
+         * one is not a layout but a damaged map (and would allocate its mask). */
+        if ((double)hi > ((double)c->local + 1) * 4096)
+            return fs_errf(c->e, FS_E_INPUT,
+                           "%s: sharding entry %s: ranges[%d] interval end %lld is implausible for a local axis %d "
+                           "of size %lld",
+                           c->origin, c->name, r, (long long)hi, c->d, (long long)c->local);
+        c->extent = hi;
     }
     return FS_OK;
+}
+
+/* fo_shard, second walk: the rank masks. */
+static int shard_fill(ranges_ctx *c, int r, int64_t lo, int64_t hi)
+{
+    if (hi > c->extent)
+        return fs_errf(c->e, FS_E_INPUT,
+                       "%s: sharding entry %s: ranges[%d] interval [%lld, %lld) outside axis %d of size %lld", c->origin,
+                       c->name, r, (long long)lo, (long long)hi, c->d, (long long)c->local);
+    if (r < 64)
+        for (int64_t x = lo; x < hi; x++) c->m[x] |= (uint64_t)1 << r;
+    return FS_OK;
+}
+
+static int parse_axis(const cJSON *obj, int ndim, const int64_t *shape, fo_shard *s, const char *origin,
+                      const char *name, fs_err *e, int per_rank)
+{
+    const cJSON *ranges;
+    int d, rc;
+    if ((rc = axis_head(obj, ndim, &ranges, &d, origin, name, e))) return rc;
+    if (s->naxes >= FO_SHARD_MAX_DIMS)
+        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: too many split axes", origin, name);
+    ranges_ctx c = {.origin = origin, .name = name, .e = e, .d = d, .local = shape[d], .per_rank = per_rank,
+                    .extent = shape[d]};
+    if ((rc = ranges_each(ranges, shard_extent, &c))) return rc;
+    c.m = calloc(c.extent ? (size_t)c.extent : 1, sizeof *c.m);
+    if (!c.m) return fs_errf(e, FS_E_NOMEM, "%s: sharding entry %s: out of memory", origin, name);
+    s->axis[s->naxes] = d;
+    s->extent[s->naxes] = c.extent;
+    s->mask[s->naxes++] = c.m; /* owned by s from here: freed with it on an error below */
+    return ranges_each(ranges, shard_fill, &c);
 }
 
 int fo_shard_from_json(const cJSON *root, const char *name, int ndim, const int64_t *shape, fo_shard *s, int *found,
@@ -176,19 +220,28 @@ void fo_piece_free(fo_piece *p)
     memset(p, 0, sizeof *p);
 }
 
+/* fo_piece, first walk: the rank's local extent and the global one. */
+static int piece_extent(ranges_ctx *c, int r, int64_t lo, int64_t hi)
+{
+    if (hi > c->gext) c->gext = hi;
+    if (r == c->rank) c->len += hi - lo;
+    return FS_OK;
+}
+
+/* fo_piece, second walk: the global index of each of the rank's local indices. */
+static int piece_fill(ranges_ctx *c, int r, int64_t lo, int64_t hi)
+{
+    if (r == c->rank)
+        for (int64_t x = lo; x < hi; x++) c->g[c->o++] = x;
+    return FS_OK;
+}
+
 static int piece_axis(const cJSON *obj, int rank, int ndim, fo_piece *p, const char *origin, const char *name,
                       fs_err *e)
 {
-    const cJSON *dim = cJSON_GetObjectItemCaseSensitive(obj, "dim");
-    const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(obj, "ranges");
-    if (!cJSON_IsNumber(dim) || !cJSON_IsArray(ranges))
-        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: needs \"dim\" (number) and \"ranges\" (array)", origin,
-                       name);
-    double dd = dim->valuedouble;
-    int d = dd == floor(dd) && dd >= -FO_SHARD_MAX_DIMS && dd < FO_SHARD_MAX_DIMS ? (int)dd : FO_SHARD_MAX_DIMS;
-    if (d < 0) d += ndim;
-    if (d < 0 || d >= ndim)
-        return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: dim %g outside a %d-d tensor", origin, name, dd, ndim);
+    const cJSON *ranges;
+    int d, rc;
+    if ((rc = axis_head(obj, ndim, &ranges, &d, origin, name, e))) return rc;
     for (int i = 0; i < p->naxes; i++)
         if (p->axis[i] == d) return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: axis %d split twice", origin, name, d);
     if (p->naxes >= FO_SHARD_MAX_DIMS)
@@ -196,37 +249,13 @@ static int piece_axis(const cJSON *obj, int rank, int ndim, fo_piece *p, const c
     if (rank < 0 || rank >= cJSON_GetArraySize(ranges))
         return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: no ranges for rank %d (%d listed)", origin, name, rank,
                        cJSON_GetArraySize(ranges));
-    int64_t len = 0, gext = 0;
-    const cJSON *rr, *iv;
-    int r = 0;
-    cJSON_ArrayForEach(rr, ranges)
-    {
-        if (!cJSON_IsArray(rr))
-            return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] is not a list of [a, b)", origin, name, r);
-        cJSON_ArrayForEach(iv, rr)
-        {
-            int64_t lo, hi;
-            if (!cJSON_IsArray(iv) || cJSON_GetArraySize(iv) != 2 || !whole(cJSON_GetArrayItem(iv, 0), &lo) ||
-                !whole(cJSON_GetArrayItem(iv, 1), &hi) || lo > hi)
-                return fs_errf(e, FS_E_INPUT, "%s: sharding entry %s: ranges[%d] holds something other than [a, b] "
-                               "(whole numbers from 0, a <= b)", origin, name, r);
-            if (hi > gext) gext = hi;
-            if (r == rank) len += hi - lo;
-        }
-        r++;
-    }
+    ranges_ctx c = {.origin = origin, .name = name, .e = e, .d = d, .rank = rank};
+    if ((rc = ranges_each(ranges, piece_extent, &c))) return rc;
+    c.g = malloc((c.len ? (size_t)c.len : 1) * sizeof *c.g);
+    if (!c.g) return fs_errf(e, FS_E_NOMEM, "%s: sharding entry %s: out of memory", origin, name);
+    ranges_each(ranges, piece_fill, &c); /* checked by the first walk; fills exactly c.len */
     const int k = p->naxes;
-    int64_t *g = malloc((len ? (size_t)len : 1) * sizeof *g);
-    if (!g) return fs_errf(e, FS_E_NOMEM, "%s: sharding entry %s: out of memory", origin, name);
-    int64_t o = 0;
-    cJSON_ArrayForEach(iv, cJSON_GetArrayItem(ranges, rank))
-    {
-        int64_t lo = 0, hi = 0;
-        whole(cJSON_GetArrayItem(iv, 0), &lo);
-        whole(cJSON_GetArrayItem(iv, 1), &hi);
-        for (int64_t c = lo; c < hi; c++) g[o++] = c;
-    }
-    p->axis[k] = d, p->len[k] = len, p->gext[k] = gext, p->g[k] = g;
+    p->axis[k] = d, p->len[k] = c.len, p->gext[k] = c.gext, p->g[k] = c.g;
     p->naxes++;
     return FS_OK;
 }

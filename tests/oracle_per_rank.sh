@@ -12,6 +12,8 @@
 #     gaps, disagreeing overlaps, differing replicated copies and a missing rank: exit 2, one
 #     line saying where, nothing left at OUT (no temporary either);
 #   - a `partial` (sum before a reduction) entry is reported not comparable per rank;
+#   - per-rank dumps and a reference with no comparable dataset (every one a partial sum, or
+#     everything narrowed out by --modules): exit 2 "nothing compared", never a PASS;
 #   - consistency with ranks 1-3 wrong (4 ranks): the split without --ref, ranks 1, 2, 3 with it.
 . "$(dirname "$0")/lib.sh"
 [ -x "$SIM" ] && [ -x "$ORACLE" ] || skip_all "oracle_per_rank: build $SIM and $ORACLE first"
@@ -196,6 +198,35 @@ assert x['kind']=='empty' and 'partial sum' in x['message'], x" "$T/p.json"; the
 else bad "partial sum rc=$rc"; fi
 "$ORACLE" assemble "$T/partial" -o "$T/bad.h5" 2>"$T/err"; rc=$?
 [ $rc = 2 ] && grep -q "partial sum" "$T/err" && ok "assemble refuses a partial sum" || bad "assemble partial rc=$rc $(cat "$T/err")"
+
+# ---- nothing comparable: an error (exit 2, as documented), never a PASS ----
+# /inputs and /final removed from every file (they are always compared), then every step dataset
+# declared a partial sum (not comparable per rank), or everything narrowed out by --modules
+cp -r "$T/tp2" "$T/none"; cp "$T/ref.h5" "$T/none.ref.h5"
+"$PY" - "$T" <<'PY'
+import sys, json, h5py
+t = sys.argv[1]
+for p in (f"{t}/none/rank_0.h5", f"{t}/none/rank_1.h5", f"{t}/none.ref.h5"):
+    with h5py.File(p, "r+") as f:
+        for g in ("inputs", "final"):
+            if g in f: del f[g]
+        if "parallel" in f.attrs:
+            par = json.loads(f.attrs["parallel"]); names = set()
+            f.visititems(lambda n, o: names.add(n.split("/", 1)[1]) if isinstance(o, h5py.Dataset) else None)
+            par["partial"] = {n: "sum" for n in names}; f.attrs["parallel"] = json.dumps(par)
+PY
+nothing() { # NAME ARGS...: exit 2, one line naming "nothing compared"
+  local name=$1; shift
+  "$ORACLE" diff -q "$@" >"$T/out" 2>"$T/err"; local rc=$?
+  if [ $rc = 2 ] && [ "$(wc -l <"$T/err")" = 1 ] && grep -q "nothing compared" "$T/err" && ! grep -q PASS "$T/out"; then ok "$name: exit 2 ($(cat "$T/err"))"
+  else bad "$name: rc=$rc $(cat "$T/out" "$T/err")"; fi
+}
+nothing "per-rank diff, every dataset a partial sum" "$T/none" "$T/none.ref.h5"
+nothing "per-rank diff, one rank file, every dataset a partial sum" "$T/none/rank_1.h5" "$T/none.ref.h5"
+nothing "per-rank diff, --modules selecting nothing" "$T/none" "$T/none.ref.h5" --modules nomatch
+"$ORACLE" diff --json "$T/none" "$T/none.ref.h5" >"$T/n.json" 2>/dev/null; rc=$?
+[ $rc = 2 ] && "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['verdict']=='error' and d['n_compared']==0, d" "$T/n.json" 2>/dev/null \
+  && ok "per-rank diff --json with nothing compared: verdict error, exit 2" || bad "nothing compared --json rc=$rc $(head -c 300 "$T/n.json")"
 
 # ---- consistency: no blame by majority ----
 cp -r "$T/tp2ring2" "$T/cons"
