@@ -221,7 +221,7 @@ $(FZ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB) $(HDRS) $(wildcard tests/fuzz/*.h)
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BIN)
 fuzz: fuzz-build
-	@tools/ci/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
+	@FUZZ_DIR=$(FZ) tools/ci/run-fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BIN)
 
 # ---- sanitizers (docs/reliability.md) -------------------------------------------------------
 # `make sanitize`: everything rebuilt with ASan + UBSan (and float-cast-overflow, which gcc's

@@ -61,4 +61,45 @@ static inline void fuzz_check_error(int rc, const fs_err *e)
     FUZZ_ASSERT(!strchr(e->msg, '\n') && e->msg[0], "message '%s'", e->msg);
 }
 
+/* A byte script, read front to back (fuzz_oracle_walk, fuzz_reports): past the end every byte
+ * is 0. */
+typedef struct fuzz_cursor {
+    const uint8_t *p;
+    size_t n;
+} fuzz_cursor;
+
+static inline int fuzz_byte(fuzz_cursor *c)
+{
+    if (!c->n) return 0;
+    c->n--;
+    return *c->p++;
+}
+
+/* The text up to the next 0xFF, which is consumed (malloc'd; the caller frees). A NUL byte
+ * becomes `nul` (a NUL would end the C string early). A byte 0xFE followed by a count k and a
+ * byte b stands for b repeated 1024 * (k % 80 + 1) times: long names without long inputs. */
+static inline char *fuzz_text(fuzz_cursor *c, char nul)
+{
+    size_t cap = 64, o = 0;
+    char *s = malloc(cap);
+    if (!s) abort();
+    while (c->n && *c->p != 0xff) {
+        int b = fuzz_byte(c);
+        size_t rep = 1;
+        if (b == 0xfe && c->n >= 2) rep = 1024 * (size_t)(fuzz_byte(c) % 80 + 1), b = fuzz_byte(c);
+        if (b == 0) b = (unsigned char)nul;
+        if (o + rep + 1 > cap) {
+            while (o + rep + 1 > cap) cap *= 2;
+            char *t = realloc(s, cap);
+            if (!t) abort();
+            s = t;
+        }
+        memset(s + o, b, rep);
+        o += rep;
+    }
+    if (c->n) c->n--, c->p++; /* the separator */
+    s[o] = 0;
+    return s;
+}
+
 #endif

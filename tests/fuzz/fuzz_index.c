@@ -7,6 +7,7 @@
 #include "fuzz_common.h"
 
 #include <limits.h>
+#include <sys/stat.h>
 
 #include "fs_safetensors.h"
 

@@ -30,42 +30,6 @@
 
 #define MAX_DS 64
 
-typedef struct cursor {
-    const uint8_t *p;
-    size_t n;
-} cursor;
-
-static int byte(cursor *c)
-{
-    if (!c->n) return 0;
-    c->n--;
-    return *c->p++;
-}
-
-static char *text(cursor *c)
-{
-    size_t cap = 64, o = 0;
-    char *s = malloc(cap);
-    if (!s) abort();
-    while (c->n && *c->p != 0xff) {
-        int b = byte(c);
-        size_t rep = 1;
-        if (b == 0xfe && c->n >= 2) rep = 1024 * (size_t)(byte(c) % 80 + 1), b = byte(c);
-        if (b == 0) b = 'z';
-        if (o + rep + 1 > cap) {
-            while (o + rep + 1 > cap) cap *= 2;
-            char *t = realloc(s, cap);
-            if (!t) abort();
-            s = t;
-        }
-        memset(s + o, b, rep);
-        o += rep;
-    }
-    if (c->n) c->n--, c->p++;
-    s[o] = 0;
-    return s;
-}
-
 /* HDF5 paths: '/' separates groups, and empty, "." and ".." components do not name themselves.
  * Such components are dropped, so the name the harness records is the one the file holds. */
 static void clean_name(char *s)
@@ -253,11 +217,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(pb, sizeof pb, "%.40s/fuzz-walk-%d-b.h5", tmp, (int)getpid());
         H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     }
-    cursor c = {data, size};
+    fuzz_cursor c = {data, size};
     plan p = {0};
     for (int rec = 0; c.n && rec < 3 * MAX_DS; rec++) {
-        int op = byte(&c), flag = byte(&c);
-        char *t = text(&c);
+        int op = fuzz_byte(&c), flag = fuzz_byte(&c);
+        char *t = fuzz_text(&c, 'z');
         switch (op % 8) {
         case 0:
         case 1:

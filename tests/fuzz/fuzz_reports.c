@@ -172,52 +172,13 @@ static void check(const char *what, void (*fn)(FILE *, const fo_report *, const 
     free(buf);
 }
 
-/* ---- the input as a report ---- */
-
-typedef struct cursor {
-    const uint8_t *p;
-    size_t n;
-} cursor;
-
-static int byte(cursor *c)
-{
-    if (!c->n) return 0;
-    c->n--;
-    return *c->p++;
-}
-
-/* The text up to the next 0xFF (malloc'd, NUL-free: a NUL would end the C string early, which
- * the writers treat as the end anyway). A byte 0xFE followed by a count k repeats the next byte
- * 1024*k times: long names without long inputs. */
-static char *text(cursor *c)
-{
-    size_t cap = 64, o = 0;
-    char *s = malloc(cap);
-    if (!s) abort();
-    while (c->n && *c->p != 0xff) {
-        int b = byte(c);
-        size_t rep = 1;
-        if (b == 0xfe && c->n >= 2) rep = 1024 * (size_t)(byte(c) % 80 + 1), b = byte(c);
-        if (b == 0) b = 0x01;
-        if (o + rep + 1 > cap) {
-            while (o + rep + 1 > cap) cap *= 2;
-            char *t = realloc(s, cap);
-            if (!t) abort();
-            s = t;
-        }
-        memset(s + o, b, rep);
-        o += rep;
-    }
-    if (c->n) c->n--, c->p++; /* the separator */
-    s[o] = 0;
-    return s;
-}
+/* ---- the input as a report (read with fuzz_cursor / fuzz_text, fuzz_common.h) ---- */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cursor c = {data, size};
+    fuzz_cursor c = {data, size};
     fo_report r;
-    const int flags = byte(&c);
+    const int flags = fuzz_byte(&c);
     fo_report_init(&r, (flags & 1) ? FO_MODE_CONSISTENCY : FO_MODE_DIFF);
     r.tol = (fo_tolerance){.rtol = 2e-4, .atol = 1e-6, .mtol = 5e-4};
     r.with_truth = (flags >> 1) & 1;
@@ -225,8 +186,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *why = strdup(""), *err = NULL, *note = NULL;
     static const char *const groups[] = {"/inputs", "/step_0000", "/step_0001", "/final"};
     for (int rec = 0; c.n && rec < 200; rec++) {
-        int kind = byte(&c), sub = byte(&c);
-        char *t = text(&c);
+        int kind = fuzz_byte(&c), sub = fuzz_byte(&c);
+        char *t = fuzz_text(&c, 0x01);
         switch (kind % 8) {
         case 0:
         case 1:

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer harness given for SECONDS on its committed corpus (`make fuzz`, see
 # tests/fuzz/README.md). Fails if any harness crashes, leaks, times out on an input or finds an
-# invariant violation; prints each harness's executions and coverage.
+# invariant violation; prints each harness's executions and coverage. FUZZ_DIR (default build/fuzz,
+# the Makefile's FZ) holds the work corpora, artifacts and logs.
 set -u
 cd "$(dirname "$0")/../.."
 secs=$1; shift
+fz=${FUZZ_DIR:-build/fuzz}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 fail=0
 for bin in "$@"; do
   h=$(basename "$bin"); h=${h#fuzz_}
-  seed=tests/fuzz/corpus/$h; work=build/fuzz/work/$h; art=build/fuzz/artifacts/$h
+  seed=tests/fuzz/corpus/$h; work=$fz/work/$h; art=$fz/artifacts/$h
   mkdir -p "$seed" "$work" "$art"
   dict=(); [ -f "tests/fuzz/$h.dict" ] && dict=(-dict="tests/fuzz/$h.dict")
-  log=build/fuzz/$h.log
+  log=$fz/$h.log
   # -timeout: one input may take 10 s at most (a hang is a finding); -rss_limit_mb: a finding too
   "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$art/" "${dict[@]}" "$work" "$seed" >"$log" 2>&1
