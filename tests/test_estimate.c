@@ -22,11 +22,11 @@ static fs_estimate_req req(const fs_config *c, int es, int B, int64_t si, int64_
 /* The dump estimate equals the bytes of every dataset of step_0000 in golden/default-fp64.h5
  * (default config, grid 2x3, 4 text tokens, fp64): a recording added or dropped in the model
  * without updating fs_estimate fails here. */
-static void test_dump_step_exact(void **s)
+static uint64_t dump_step_exact(const char *path, int B, int Si, int St)
 {
     fo_file *f;
     fs_err e = {0};
-    if (fo_file_open(&f, "golden/default-fp64.h5", &e)) fail_msg("%s", e.msg);
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
     fo_names names = {0};
     fo_order_source src;
     if (fo_group_order(f, "/step_0000", &names, &src, &e)) fail_msg("%s", e.msg);
@@ -45,12 +45,24 @@ static void test_dump_step_exact(void **s)
     fs_config c;
     if (fs_config_from_json(&c, fo_file_config(f), "golden", &e)) fail_msg("%s", e.msg);
     fo_file_close(f);
-    fs_estimate_req r = req(&c, 8, 1, 6, 4, 2);
+    fs_estimate_req r = req(&c, 8, B, Si, St, 2);
     fs_estimate est;
     assert_int_equal(fs_estimate_compute(&r, &est, &e), 0);
     if (est.dump_step_bytes != bytes)
-        fail_msg("estimate %" PRIu64 " bytes, golden step_0000 holds %" PRIu64, est.dump_step_bytes, bytes);
+        fail_msg("estimate %" PRIu64 " bytes, %s step_0000 holds %" PRIu64, est.dump_step_bytes, path, bytes);
+    return bytes;
+}
+
+static void test_dump_step_exact(void **s)
+{
+    uint64_t bytes = dump_step_exact("golden/default-fp64.h5", 1, 6, 4);
     assert_true(bytes == 2750464); /* sanity: the file did not change under us */
+    /* FLUX.2: diffusers' own dump of Flux2Transformer2DModel (every hooked module) */
+    const char *refdir = fs_test_reference_dir();
+    if (!refdir) FS_SKIP_LOUDLY("../shared/reference not found: the FLUX.2 dump estimate was not checked");
+    char p[512];
+    snprintf(p, sizeof p, "%s/flux2-tiny/dump_fp64.h5", refdir);
+    dump_step_exact(p, 1, 64, 24);
 }
 
 static uint64_t weights_bytes(const fs_weights *w)
@@ -63,13 +75,13 @@ static uint64_t weights_bytes(const fs_weights *w)
 /* Per-rank weights: exactly what the synthetic (sharded) weights allocate under the built-in plan */
 static void test_weights_exact(void **s)
 {
-    fs_plan plan;
-    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
-    const char *presets[] = {"odd", "tiny", "default"};
+    const char *presets[] = {"odd", "tiny", "default", "flux2-tiny", "flux2-default"};
     for (size_t k = 0; k < FS_ARRAY_LEN(presets); k++)
         for (int T = 1; T <= 2; T++) {
             fs_config c;
             fs_config_preset(&c, presets[k], NULL);
+            fs_plan plan; /* the family's built-in plan */
+            assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text_for(&c), "built-in", NULL), 0);
             fs_weights w;
             fs_err e = {0};
             if (fs_weights_synthetic_shard(&w, &c, FS_F32, 0, &plan, T, T - 1, NULL, &e)) fail_msg("%s", e.msg);
@@ -83,23 +95,23 @@ static void test_weights_exact(void **s)
                          weights_bytes(&w));
             assert_true(est.params == fs_config_num_params(&c));
             fs_weights_free(&w);
+            fs_plan_free(&plan);
         }
-    fs_plan_free(&plan);
 }
 
 /* Streaming: the estimate's weights are the most the store ever holds while the model walks its
  * blocks (fs_weights peak_bytes), in fp32 and bf16, tp 1 and 2 */
 static void test_weights_streamed_exact(void **s)
 {
-    fs_plan plan;
-    assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text(), "built-in", NULL), 0);
-    const char *presets[] = {"odd", "tiny", "default"};
+    const char *presets[] = {"odd", "tiny", "default", "flux2-tiny", "flux2-default"};
     const fs_dtype dts[] = {FS_F32, FS_BF16};
     for (size_t k = 0; k < FS_ARRAY_LEN(presets); k++)
         for (size_t d = 0; d < FS_ARRAY_LEN(dts); d++)
             for (int T = 1; T <= 2; T++) {
                 fs_config c;
                 fs_config_preset(&c, presets[k], NULL);
+                fs_plan plan; /* the family's built-in plan */
+                assert_int_equal(fs_plan_parse(&plan, fs_plan_default_text_for(&c), "built-in", NULL), 0);
                 fs_weights w;
                 fs_err e = {0};
                 fs_weights_opts o = {.seed = 0, .dtype = dts[d], .make_dtype = dts[d], .plan = &plan, .tp = T,
@@ -122,8 +134,8 @@ static void test_weights_streamed_exact(void **s)
                     fail_msg("%s %s tp %d streamed: estimate %" PRIu64 ", store peak %" PRId64, presets[k],
                              fs_dtype_name(dts[d]), T, est.weight_bytes, w.peak_bytes);
                 fs_weights_free(&w);
+                fs_plan_free(&plan);
             }
-    fs_plan_free(&plan);
 }
 
 static void test_monotone_and_layouts(void **s)

@@ -48,8 +48,27 @@ static uint64_t lin(uint64_t in, uint64_t out, split s, uint64_t T)
  * linears are replicated"). Split into what stays made while streaming (embedders, norm_out,
  * proj_out) and one double and one single block. */
 typedef struct welems { uint64_t top, dbl, sgl; } welems;
+/* FLUX.2 (fs_flux2.c, the built-in FLUX.2 plan): no biases; the three shared modulations stay
+ * made with the embedders; q/k/v, add_*_proj colwise, to_out.0/to_add_out/linear_out rowwise,
+ * linear_in [2F, D] and to_qkv_mlp_proj [3D + 2F, D] packed colwise, to_out [D, D + F] packed
+ * rowwise: every block Linear's elements divide by T. */
+static welems weight_elems_parts_flux2(const fs_config *c, uint64_t T)
+{
+    const uint64_t D = (uint64_t)fs_config_hidden(c), F = (uint64_t)fs_config_mlp_hidden(c),
+                   Dh = (uint64_t)c->attention_head_dim, tg = (uint64_t)c->timestep_guidance_channels;
+    uint64_t top = add(mul((uint64_t)c->in_channels, D), mul((uint64_t)c->joint_attention_dim, D));
+    top = add(top, mul(add(mul(tg, D), mul(D, D)), c->guidance_embeds ? 2 : 1));
+    top = add(top, mul(15 * D, D));                                       /* modulations 6D + 6D + 3D */
+    top = add(top, add(mul(2 * D, D), mul(D, (uint64_t)c->out_channels))); /* norm_out, proj_out */
+    uint64_t dbl = add(mul(8, mul(D, D / T)), 4 * Dh);                    /* attention, QK norms */
+    dbl = add(dbl, mul(2, add(mul(2 * F / T, D), mul(F / T, D))));      /* ff, ff_context */
+    uint64_t sgl = add(add(mul((3 * D + 2 * F) / T, D), mul(D, (D + F) / T)), 2 * Dh);
+    return (welems){top, dbl, sgl};
+}
+
 static welems weight_elems_parts(const fs_config *c, uint64_t T)
 {
+    if (c->family == FS_FLUX2) return weight_elems_parts_flux2(c, T);
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
                    Dh = (uint64_t)c->attention_head_dim;
     uint64_t top = add(add(lin((uint64_t)c->in_channels, D, REP, 1), lin((uint64_t)c->joint_attention_dim, D, REP, 1)),
@@ -78,8 +97,22 @@ static uint64_t weight_elems(const fs_config *c, uint64_t T)
  * TP degree T, counted as bench_forward counts them: 2·in·out per row of every Linear, 4·Sq·Skv·D
  * per attention (QKᵀ and P·V). Sequence parallelism leaves a rank its own queries against every
  * key: 4·B·S·Sg·D/T. */
+static double forward_flops_flux2(const fs_config *c, double B, double Si, double St, double Sg, double T)
+{
+    const double D = fs_config_hidden(c), F = fs_config_mlp_hidden(c), Dl = D / T, Fl = F / T, S = Si + St,
+                 tg = c->timestep_guidance_channels;
+    double f = 2 * (Si * c->in_channels * D + St * (double)c->joint_attention_dim * D);
+    f += 2 * ((tg * D + D * D) * (c->guidance_embeds ? 2 : 1) + 15 * D * D);       /* embedders, modulations */
+    const double dbl = 2 * S * (3 * D * Dl + Dl * D + D * 2 * Fl + Fl * D) + 4 * S * Sg * Dl;
+    const double sgl = 2 * S * (D * (3 * Dl + 2 * Fl) + (Dl + Fl) * D) + 4 * S * Sg * Dl;
+    f += c->num_layers * dbl + c->num_single_layers * sgl;
+    f += 2 * (D * 2 * D + Si * D * c->out_channels);
+    return B * f;
+}
+
 static double forward_flops(const fs_config *c, double B, double Si, double St, double Sg, double T)
 {
+    if (c->family == FS_FLUX2) return forward_flops_flux2(c, B, Si, St, Sg, T);
     const double D = (double)c->num_attention_heads * c->attention_head_dim, F = 4 * D, Dl = D / T, Fl = F / T,
                  S = Si + St, Cin = c->in_channels, Cout = c->out_channels;
     double f = 2 * (Si * Cin * D + St * (double)c->joint_attention_dim * D);          /* x/context embedder */
@@ -93,8 +126,29 @@ static double forward_flops(const fs_config *c, double B, double Si, double St, 
 
 /* Elements of every dataset one step of a full dump records (global shapes). Mirrors what
  * fs_flux1.c and fs_sampler.c record; tests/test_estimate.c checks it against a real dump. */
+/* FLUX.2: what fs_flux2.c records (../shared/reference/flux2-tiny/README.md lists it) */
+static uint64_t dump_step_elems_flux2(const fs_config *c, uint64_t B, uint64_t Si, uint64_t St)
+{
+    const uint64_t D = (uint64_t)fs_config_hidden(c), F = (uint64_t)fs_config_mlp_hidden(c),
+                   Dh = (uint64_t)c->attention_head_dim, S = Si + St, Cin = (uint64_t)c->in_channels,
+                   tg = (uint64_t)c->timestep_guidance_channels;
+    uint64_t n = mul(2, mul3(B, Si, Cin));                          /* latents_in, latents_out */
+    n = add(n, mul3(B, S, D));                                      /* x_embedder, context_embedder */
+    uint64_t vec = mul(add(tg, 4 * D), c->guidance_embeds ? 2 : 1); /* time_proj(@1) + embedders (4 each) */
+    vec = add(vec, D + 33 * D + 3 * D);                             /* time_guidance_embed, modulations, norm_out */
+    n = add(n, mul(B, vec));
+    n = add(n, mul3(2, S, Dh));                                     /* pos_embed#0/#1, pos_embed@1#0/#1 */
+    const uint64_t dbl = add(mul(mul(B, Si), add(13 * D, 4 * F)), mul(mul(B, St), add(12 * D, 4 * F)));
+    const uint64_t sgl = mul(mul(B, S), add(9 * D, 4 * F));
+    n = add(n, add(mul((uint64_t)c->num_layers, dbl), mul((uint64_t)c->num_single_layers, sgl)));
+    n = add(n, mul3(2, mul(B, Si), D));                             /* norm_out.norm, norm_out */
+    n = add(n, mul3(B, Si, (uint64_t)c->out_channels));             /* proj_out */
+    return n;
+}
+
 static uint64_t dump_step_elems(const fs_config *c, uint64_t B, uint64_t Si, uint64_t St)
 {
+    if (c->family == FS_FLUX2) return dump_step_elems_flux2(c, B, Si, St);
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
                    Dh = (uint64_t)c->attention_head_dim, S = Si + St, Cin = (uint64_t)c->in_channels,
                    Cout = (uint64_t)c->out_channels;
@@ -138,7 +192,11 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const int64_t tp = r->tp ? r->tp : 1, U = r->ulysses ? r->ulysses : 1, R = r->ring ? r->ring : 1, sp = U * R;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const uint64_t threads = r->threads ? (uint64_t)r->threads : (uint64_t)(ncpu > 0 ? ncpu : 1);
-    const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim, F = 4 * D,
+    /* F: the MLP up-projection's width per token. FLUX.2's SwiGLU makes 2F (linear_in = [gate |
+     * up]) and copies both halves before silu(gate)·up: its activations are counted as FLUX.1's
+     * with F = 2·mlp_hidden, an upper bound on the extra gate/up temporaries */
+    const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim,
+                   F = c->family == FS_FLUX2 ? 2 * (uint64_t)fs_config_mlp_hidden(c) : 4 * D,
                    Dh = (uint64_t)c->attention_head_dim, Dl = D / (uint64_t)tp, Fl = F / (uint64_t)tp;
     /* this rank's tokens: the largest chunk of the balanced split (fs_par_set_seq) */
     const uint64_t Si = (uint64_t)ceil_div(r->img_tokens, sp), St = (uint64_t)ceil_div(r->txt_tokens, sp),
@@ -173,7 +231,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const uint64_t Sig = (uint64_t)r->img_tokens, Stg = (uint64_t)r->txt_tokens, Cin = (uint64_t)c->in_channels;
     uint64_t in = mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
                           mul(B, (uint64_t)c->pooled_projection_dim)), es);
-    in = add(in, mul3(Sg, 3, 8));
+    in = add(in, mul3(Sg, (uint64_t)fs_config_axes(c), 8));
     in = add(in, mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8));
     in = add(in, mul(add(mul3(2, B, mul(Sig, Cin)), mul3(B, Si, Cin)), es)); /* latents, v (global); slice */
     out->input_bytes = in;
@@ -261,7 +319,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         out->dump_step_bytes = mul(mul3(2, B, mul(Sig, Cin)), es);
     const uint64_t dump_inputs = add(mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
                                              mul(B, (uint64_t)c->pooled_projection_dim)), es),
-                                     add(mul3(Sg, 3, 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
+                                     add(mul3(Sg, (uint64_t)fs_config_axes(c), 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
     const uint64_t rec_steps = r->steps_recorded > 0 && r->steps_recorded < r->steps ? (uint64_t)r->steps_recorded
                                                                                      : (uint64_t)r->steps;
     out->dump_bytes = add(add(mul(rec_steps, out->dump_step_bytes), dump_inputs), mul3(B, Sig, mul(Cin, es)));
