@@ -30,6 +30,32 @@ if "$SIM" --config flux2-dev --print-plan | grep "to_qkv_mlp_proj *packed_colwis
   ok "--config flux2-dev --print-plan prints the FLUX.2 plan (to_qkv_mlp_proj packed_colwise D,D,D,F,F)"
 else bad "--print-plan after a FLUX.2 --config"; fi
 
+# checkpoints as shipped: the HF transformer/ folder (sharded), a pipeline folder (Flux2Pipeline),
+# BFL's single file (flux2-dev.safetensors names: fused qkv, linear1/linear2, .lin, shift|scale);
+# all three replay bit-identically, and a TP run reads its packed rows straight from each
+MC=${FLUX_BUILD:-build}/make-checkpoint
+for L in diffusers pipeline bfl; do
+  out=$T/ck-$L; [ $L = bfl ] && out=$T/ck-$L.safetensors
+  $MC -q --config flux2-default --layout $L --dtype bf16 --max-shard-size 1MB "$out" >"$T/log" 2>&1 || { bad "make-checkpoint flux2-default --layout $L: $(tail -1 "$T/log")"; continue; }
+  if $MC --config flux2-default --dtype bf16 --verify "$out" >"$T/log" 2>&1; then ok "make-checkpoint flux2-default --layout $L: written and verified"
+  else bad "make-checkpoint --verify $L: $(tail -1 "$T/log")"; fi
+  cf=(); [ $L = bfl ] && cf=(--config flux2-default) # a BFL single file carries no config
+  run 1 --weights "$out" "${cf[@]}" --precision bf16 --grid 4x4 --txt-len 8 --steps 1 --dump "$T/ck-$L.h5" -q >"$T/log" 2>&1 || bad "run from $L checkpoint: $(tail -1 "$T/log")"
+  run 2 --weights "$out" "${cf[@]}" --precision bf16 --grid 4x4 --txt-len 8 --steps 1 --tp 2 --check -q >"$T/log" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && grep -q "check: OK" "$T/log"; then ok "--tp 2 --check from the $L checkpoint: OK"
+  else bad "--tp 2 from $L: exit $rc"; tail -3 "$T/log"; fi
+done
+[ -f "$T/ck-pipeline/model_index.json" ] && grep -q Flux2Pipeline "$T/ck-pipeline/model_index.json" && ok "pipeline layout: model_index.json names Flux2Pipeline" || bad "pipeline model_index.json"
+# without --config, the BFL file is named as what it is
+"$SIM" --weights "$T/ck-bfl.safetensors" --steps 1 -q </dev/null >"$T/log" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q "a FLUX.2 checkpoint (tensor .*) but the config is FLUX.1: give its config" "$T/log" && [ "$(grep -c . "$T/log")" -eq 1 ]; then
+  ok "a FLUX.2 BFL file without --config: one line naming the family and the fix"
+else bad "FLUX.2 BFL without --config: exit $rc: $(head -2 "$T/log")"; fi
+for L in pipeline bfl; do
+  if out=$($OR diff "$T/ck-$L.h5" "$T/ck-diffusers.h5" --rtol 0 --mtol 0 --atol 0 -q 2>&1) && grep -q "^PASS" <<<"$out"; then ok "$L checkpoint replays exactly as the diffusers folder"
+  else bad "$L vs diffusers checkpoint: $out"; fi
+done
+
 # 3. the bugs, where they live (fp32 and bf16)
 BUGS=("proj-out-contiguous|--tp 2|single_transformer_blocks.0.attn.to_out"
       "packed-colwise-contiguous|--tp 2|transformer_blocks.0.ff.act_fn.gate_fn"

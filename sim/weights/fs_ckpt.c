@@ -303,6 +303,37 @@ static char *pathf(const char *dir, const char *name)
 static char *config_json(const fs_config *c, uint64_t seed)
 {
     char *s = NULL, oc[16];
+    if (c->family == FS_FLUX2) { /* Flux2Transformer2DModel's keys, sorted */
+        char ax[96] = "";
+        for (int i = 0, o = 0; i < fs_config_axes(c); i++)
+            o += snprintf(ax + o, sizeof ax - o, "%s\n    %d", i ? "," : "", c->axes_dims_rope[i]);
+        if (c->out_channels == c->in_channels) snprintf(oc, sizeof oc, "null");
+        else snprintf(oc, sizeof oc, "%d", c->out_channels);
+        int n = asprintf(&s,
+                         "{\n"
+                         "  \"_class_name\": \"Flux2Transformer2DModel\",\n"
+                         "  \"_diffusers_version\": \"0.42.1\",\n"
+                         "  \"_flux_sim\": \"synthetic weights (fs_weights_synthetic, seed %llu), written by make-checkpoint\",\n"
+                         "  \"attention_head_dim\": %d,\n"
+                         "  \"axes_dims_rope\": [%s\n  ],\n"
+                         "  \"eps\": %.17g,\n"
+                         "  \"guidance_embeds\": %s,\n"
+                         "  \"in_channels\": %d,\n"
+                         "  \"joint_attention_dim\": %d,\n"
+                         "  \"mlp_ratio\": %.17g,\n"
+                         "  \"num_attention_heads\": %d,\n"
+                         "  \"num_layers\": %d,\n"
+                         "  \"num_single_layers\": %d,\n"
+                         "  \"out_channels\": %s,\n"
+                         "  \"patch_size\": %d,\n"
+                         "  \"rope_theta\": %d,\n"
+                         "  \"timestep_guidance_channels\": %d\n"
+                         "}\n",
+                         (unsigned long long)seed, c->attention_head_dim, ax, c->eps, c->guidance_embeds ? "true" : "false",
+                         c->in_channels, c->joint_attention_dim, c->mlp_ratio, c->num_attention_heads, c->num_layers,
+                         c->num_single_layers, oc, c->patch_size, c->rope_theta, c->timestep_guidance_channels);
+        return n < 0 ? NULL : s;
+    }
     if (c->out_channels == c->in_channels) snprintf(oc, sizeof oc, "null");
     else snprintf(oc, sizeof oc, "%d", c->out_channels);
     int n = asprintf(&s,
@@ -437,8 +468,18 @@ static const char *scheduler_json(const fs_config *c)
 /* model_index.json: FluxPipeline with the transformer and scheduler this writes; the text
  * encoders, tokenizers and VAE are not generated and are listed as null (diffusers' marker for
  * a component the caller passes in), so nothing claims files that are not there. */
-static const char *model_index_json(void)
+static const char *model_index_json(const fs_config *c)
 {
+    if (c->family == FS_FLUX2) /* Flux2Pipeline: one text encoder (Mistral), one tokenizer */
+        return "{\n"
+               "  \"_class_name\": \"Flux2Pipeline\",\n"
+               "  \"_diffusers_version\": \"0.42.1\",\n"
+               "  \"scheduler\": [\n    \"diffusers\",\n    \"FlowMatchEulerDiscreteScheduler\"\n  ],\n"
+               "  \"text_encoder\": [\n    null,\n    null\n  ],\n"
+               "  \"tokenizer\": [\n    null,\n    null\n  ],\n"
+               "  \"transformer\": [\n    \"diffusers\",\n    \"Flux2Transformer2DModel\"\n  ],\n"
+               "  \"vae\": [\n    null,\n    null\n  ]\n"
+               "}\n";
     return "{\n"
            "  \"_class_name\": \"FluxPipeline\",\n"
            "  \"_diffusers_version\": \"0.30.0.dev0\",\n"
@@ -620,7 +661,7 @@ int fs_ckpt_write(const fs_ckpt_spec *s, const char *out, uint64_t *bytes_writte
                 rc = fs_errf(e, FS_E_NOMEM, "out of memory");
             else if (mkdir(sub, 0777) || mkdir(sch, 0777))
                 rc = fs_errf(e, FS_E_IO, "%s: cannot create a directory: %s", tmp, strerror(errno));
-            else if (!(rc = write_text(p, model_index_json(), e))) {
+            else if (!(rc = write_text(p, model_index_json(&s->cfg), e))) {
                 free(p);
                 if (!(p = pathf(sch, "scheduler_config.json"))) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 else if (!(rc = write_text(p, scheduler_json(&s->cfg), e))) rc = write_diffusers(&w, sub, e);

@@ -87,6 +87,50 @@ static const rule single_rules[] = {
     {"proj_out", "linear2", F_NONE, 0},
 };
 
+/* FLUX.2's BFL single file (flux2-dev.safetensors) as diffusers' scripts/convert_flux2_to_diffusers.py
+ * maps it: the same fused qkv per stream as FLUX.1; the shared modulations keep their names
+ * (".lin"); the single block's linear1/linear2 are already diffusers' fused to_qkv_mlp_proj and
+ * to_out (no split); no biases, no pooled vector_in. */
+static const rule top_rules2[] = {
+    {"x_embedder", "img_in", F_NONE, 0},
+    {"context_embedder", "txt_in", F_NONE, 0},
+    {"time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer", F_NONE, 0},
+    {"time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer", F_NONE, 0},
+    {"time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer", F_NONE, 0},
+    {"time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer", F_NONE, 0},
+    {"double_stream_modulation_img.linear", "double_stream_modulation_img.lin", F_NONE, 0},
+    {"double_stream_modulation_txt.linear", "double_stream_modulation_txt.lin", F_NONE, 0},
+    {"single_stream_modulation.linear", "single_stream_modulation.lin", F_NONE, 0},
+    {"norm_out.linear", "final_layer.adaLN_modulation.1", F_SWAP, 0}, /* shift‖scale → scale‖shift */
+    {"proj_out", "final_layer.linear", F_NONE, 0},
+};
+
+static const rule double_rules2[] = {
+    {"attn.to_q", "img_attn.qkv", F_QKV, 0},
+    {"attn.to_k", "img_attn.qkv", F_QKV, 1},
+    {"attn.to_v", "img_attn.qkv", F_QKV, 2},
+    {"attn.add_q_proj", "txt_attn.qkv", F_QKV, 0},
+    {"attn.add_k_proj", "txt_attn.qkv", F_QKV, 1},
+    {"attn.add_v_proj", "txt_attn.qkv", F_QKV, 2},
+    {"attn.norm_q", "img_attn.norm.query_norm", F_NONE, 0},
+    {"attn.norm_k", "img_attn.norm.key_norm", F_NONE, 0},
+    {"attn.norm_added_q", "txt_attn.norm.query_norm", F_NONE, 0},
+    {"attn.norm_added_k", "txt_attn.norm.key_norm", F_NONE, 0},
+    {"attn.to_out.0", "img_attn.proj", F_NONE, 0},
+    {"attn.to_add_out", "txt_attn.proj", F_NONE, 0},
+    {"ff.linear_in", "img_mlp.0", F_NONE, 0},
+    {"ff.linear_out", "img_mlp.2", F_NONE, 0},
+    {"ff_context.linear_in", "txt_mlp.0", F_NONE, 0},
+    {"ff_context.linear_out", "txt_mlp.2", F_NONE, 0},
+};
+
+static const rule single_rules2[] = {
+    {"attn.to_qkv_mlp_proj", "linear1", F_NONE, 0},
+    {"attn.norm_q", "norm.query_norm", F_NONE, 0},
+    {"attn.norm_k", "norm.key_norm", F_NONE, 0},
+    {"attn.to_out", "linear2", F_NONE, 0},
+};
+
 static const rule *find_rule(const rule *r, size_t n, const char *stem)
 {
     for (size_t i = 0; i < n; i++)
@@ -115,14 +159,17 @@ static int plan_bfl(plan *pl, const fs_param_desc *d, const fs_config *c, const 
     const rule *r = NULL;
     char block[64] = "";
     int i, used = 0;
+    const int f2 = c->family == FS_FLUX2;
     if (sscanf(stem, "transformer_blocks.%d.%n", &i, &used) == 1 && used) {
-        r = find_rule(double_rules, FS_ARRAY_LEN(double_rules), stem + used);
+        r = f2 ? find_rule(double_rules2, FS_ARRAY_LEN(double_rules2), stem + used)
+               : find_rule(double_rules, FS_ARRAY_LEN(double_rules), stem + used);
         snprintf(block, sizeof block, "double_blocks.%d.", i);
     } else if (sscanf(stem, "single_transformer_blocks.%d.%n", &i, &used) == 1 && used) {
-        r = find_rule(single_rules, FS_ARRAY_LEN(single_rules), stem + used);
+        r = f2 ? find_rule(single_rules2, FS_ARRAY_LEN(single_rules2), stem + used)
+               : find_rule(single_rules, FS_ARRAY_LEN(single_rules), stem + used);
         snprintf(block, sizeof block, "single_blocks.%d.", i);
     } else {
-        r = find_rule(top_rules, FS_ARRAY_LEN(top_rules), stem);
+        r = f2 ? find_rule(top_rules2, FS_ARRAY_LEN(top_rules2), stem) : find_rule(top_rules, FS_ARRAY_LEN(top_rules), stem);
     }
     if (!r) return -1;
     /* QK-norm weights are RMSNorm.scale in BFL's modules. */
@@ -172,7 +219,11 @@ enum naming { N_UNKNOWN, N_DIFFUSERS, N_BFL, N_BFL_PREFIXED };
 static int is_bfl_key(const char *k)
 {
     static const char *const tops[] = {"img_in.",     "txt_in.",       "time_in.",      "guidance_in.",
-                                       "vector_in.",  "double_blocks.", "single_blocks.", "final_layer."};
+                                       "vector_in.",  "double_blocks.", "single_blocks.", "final_layer.",
+                                       /* FLUX.2's shared modulations: the same name in both namings,
+                                          ".lin" in BFL's */
+                                       "double_stream_modulation_img.lin.", "double_stream_modulation_txt.lin.",
+                                       "single_stream_modulation.lin."};
     for (size_t i = 0; i < FS_ARRAY_LEN(tops); i++)
         if (!strncmp(k, tops[i], strlen(tops[i]))) return 1;
     return 0;
@@ -182,7 +233,8 @@ static int is_diffusers_key(const char *k)
 {
     static const char *const tops[] = {"x_embedder.",         "context_embedder.", "time_text_embed.",
                                        "transformer_blocks.", "single_transformer_blocks.", "norm_out.",
-                                       "proj_out."};
+                                       "proj_out.", "time_guidance_embed.", "double_stream_modulation_img.linear.",
+                                       "double_stream_modulation_txt.linear.", "single_stream_modulation.linear."};
     for (size_t i = 0; i < FS_ARRAY_LEN(tops); i++)
         if (!strncmp(k, tops[i], strlen(tops[i]))) return 1;
     return 0;
@@ -277,6 +329,22 @@ int fs_wload_open(fs_wload **out, const fs_config *c, const fs_param_desc *desc,
     free(open_path);
     enum naming naming;
     if ((rc = detect_naming(&l->a, &naming, e))) goto fail;
+    /* a checkpoint of the other family (a BFL flux2-dev.safetensors has no config beside it, and
+     * without --config the FLUX.1 `default` preset is assumed): say so, instead of a shape error */
+    for (int k = 0; k < l->a.n; k++) {
+        const char *key = l->a.idx[k]->name;
+        const int f2key = strstr(key, "double_stream_modulation_img.") || strstr(key, "time_guidance_embed.");
+        const int f1key = strstr(key, "time_text_embed.") || strstr(key, "vector_in.") || strstr(key, "img_mod.lin");
+        if ((f2key && c->family != FS_FLUX2) || (f1key && c->family == FS_FLUX2)) {
+            char kb[160];
+            rc = fs_errf(e, FS_E_INPUT,
+                         "%s: a %s checkpoint (tensor '%s') but the config is %s: give its config (--config %s or "
+                         "its config.json)",
+                         l->a.path, f2key ? "FLUX.2" : "FLUX.1", fs_printable(key, kb, sizeof kb, 80),
+                         f2key ? "FLUX.1" : "FLUX.2", f2key ? "flux2-dev, flux2-klein-4b, flux2-klein-9b" : "flux-dev, flux-schnell");
+            goto fail;
+        }
+    }
     const int bfl = naming == N_BFL || naming == N_BFL_PREFIXED;
     const char *prefix = naming == N_BFL_PREFIXED ? BFL_PREFIX : "";
     l->n = n;
