@@ -9,6 +9,8 @@
 # short (the decode path: --stream on, a BF16 checkpoint in an fp32 run); after an fstat, the size
 # check before a view passed, and the view is then read by the GEMMs from a mapping whose pages
 # are gone (the SIGBUS guard). N is found from a counting run of the same command.
+# Under make sanitize (FLUX_SANITIZE) the ASan runtime is preloaded before the shims, and the
+# strace case runs with leak detection off (LeakSanitizer does not run under ptrace).
 . "$(dirname "$0")/lib.sh"
 MK=$B/make-checkpoint
 tmpdir weights-hostile
@@ -76,6 +78,12 @@ int fstat(int fd, struct stat *st)
 int fstat64(int fd, struct stat64 *st) { return fstat(fd, (struct stat *)st); }
 C
 cc -O1 -shared -fPIC -o "$T/shim.so" "$T/shim.c" -ldl || skip_all "cannot build the LD_PRELOAD shim"
+# under ASan (make sanitize: FLUX_SANITIZE) the sanitizer runtime must come first in LD_PRELOAD
+ASAN_PRE=
+if [ -n "${FLUX_SANITIZE:-}" ]; then
+  ASAN_PRE=$(ldd "$SIM" | awk '/libasan/ {print $3}')
+  [ -n "$ASAN_PRE" ] && ASAN_PRE=$ASAN_PRE:
+fi
 
 # ---- checkpoints ----
 $MK -q --config tiny --max-shard-size 3MB "$T/bf16" || bad "make-checkpoint bf16"
@@ -87,7 +95,7 @@ fresh() { rm -rf "$T/$2"; cp -r "$T/$1" "$T/$2"; }
 count() {
   local kind=$1; shift
   rm -f "$T/shim.log"
-  SHIM_LOG="$T/shim.log" LD_PRELOAD="$T/shim.so" timeout 120 "$@" >/dev/null 2>&1 </dev/null
+  SHIM_LOG="$T/shim.log" LD_PRELOAD="$ASAN_PRE$T/shim.so" timeout 120 "$@" >/dev/null 2>&1 </dev/null
   local c; c=$(grep -c "^SHIM_$kind " "$T/shim.log" 2>/dev/null); echo "${c:-0}"
 }
 
@@ -101,10 +109,10 @@ fresh bf16 c1
 n=$(count PREAD "$SIM" --weights "$T/c1" "${RUN[@]}" --stream on --dump "$T/probe.h5"); rm -f "$T/probe.h5"
 if [ "$n" -lt 10 ]; then bad "T1 decode: only $n preads of shard bytes counted (the decode reads through the mapping: a truncation would be a SIGBUS)"; else
   one "T1 shard truncated mid-run (pread $((n / 2)) of $n), --stream on, decode" "truncated or rewritten during the run" \
-    env LD_PRELOAD="$T/shim.so" SHIM_PREAD=$((n / 2)) "$SIM" --weights "$T/c1" "${RUN[@]}" --stream on --dump "$T/o.h5"
+    env LD_PRELOAD="$ASAN_PRE$T/shim.so" SHIM_PREAD=$((n / 2)) "$SIM" --weights "$T/c1" "${RUN[@]}" --stream on --dump "$T/o.h5"
   [ -e "$T/o.h5" ] && bad "T1 decode: o.h5 exists"
   fresh bf16 c1
-  timeout 120 mpirun -np 2 env LD_PRELOAD="$T/shim.so" SHIM_PREAD=$((n / 2)) "$SIM" --weights "$T/c1" "${RUN[@]}" \
+  timeout 120 mpirun -np 2 env LD_PRELOAD="$ASAN_PRE$T/shim.so" SHIM_PREAD=$((n / 2)) "$SIM" --weights "$T/c1" "${RUN[@]}" \
     --stream on --dump "$T/o.h5" >"$T/out" 2>"$T/err" </dev/null; rc=$?
   left=$(find "$T" -name '*.tmp.*' | head -3)
   if [ $rc -eq 2 ] && grep -q "flux-sim: error.*truncated or rewritten during the run" "$T/err" && ! grep -qi "bus error\|signal 7" "$T/err" \
@@ -116,13 +124,13 @@ fi
 fresh f32 c2
 n=$(count FSTAT "$SIM" --weights "$T/c2" "${RUN[@]}" --stream off --dump "$T/probe.h5"); rm -f "$T/probe.h5"
 one "T1 shard truncated after the last view was made (fstat $n), --stream off, a GEMM reads it" "(truncated or rewritten while the run used it)" \
-  env LD_PRELOAD="$T/shim.so" SHIM_FSTAT="$n" "$SIM" --weights "$T/c2" "${RUN[@]}" --stream off --dump "$T/o.h5"
+  env LD_PRELOAD="$ASAN_PRE$T/shim.so" SHIM_FSTAT="$n" "$SIM" --weights "$T/c2" "${RUN[@]}" --stream off --dump "$T/o.h5"
 fresh f32 c2
 n=$(count FSTAT "$SIM" --weights "$T/c2" "${RUN[@]}" --stream on --dump "$T/probe.h5"); rm -f "$T/probe.h5"
 one "T1 shard truncated mid-run (fstat $((n / 2)) of $n), --stream on, a view" "truncated or rewritten" \
-  env LD_PRELOAD="$T/shim.so" SHIM_FSTAT=$((n / 2)) "$SIM" --weights "$T/c2" "${RUN[@]}" --stream on --dump "$T/o.h5"
+  env LD_PRELOAD="$ASAN_PRE$T/shim.so" SHIM_FSTAT=$((n / 2)) "$SIM" --weights "$T/c2" "${RUN[@]}" --stream on --dump "$T/o.h5"
 fresh f32 c2
-timeout 120 mpirun -np 2 env LD_PRELOAD="$T/shim.so" SHIM_FSTAT=$((n / 2)) "$SIM" --weights "$T/c2" "${RUN[@]}" \
+timeout 120 mpirun -np 2 env LD_PRELOAD="$ASAN_PRE$T/shim.so" SHIM_FSTAT=$((n / 2)) "$SIM" --weights "$T/c2" "${RUN[@]}" \
   --stream on --dump "$T/o.h5" >"$T/out" 2>"$T/err" </dev/null; rc=$?
 left=$(find "$T" -name '*.tmp.*' | head -3)
 if [ $rc -eq 2 ] && grep -q "flux-sim: error.*truncated or rewritten" "$T/err" && ! grep -qi "bus error\|signal 7" "$T/err" \
@@ -130,12 +138,15 @@ if [ $rc -eq 2 ] && grep -q "flux-sim: error.*truncated or rewritten" "$T/err" &
 else bad "T1 views under mpirun -np 2: rc=$rc left='$left': $(head -c 800 "$T/err")"; fi
 
 # ---- T3: a 100 000-entry index is parsed in O(n log n) ----
+# CPU bound 5 s (the quadratic parser took 103 s natively); under ASan + LSan (make sanitize,
+# every malloc unwound in full) the linear one takes ~15 s here: 40 s there
+LIM=5 TMO=60; [ -n "${FLUX_SANITIZE:-}" ] && LIM=40 TMO=180
 mkdir -p "$T/big"
 $PY -c 'import json,sys;json.dump({"weight_map":{"t%07d"%i:"s%07d.safetensors"%i for i in range(100000)}},open(sys.argv[1],"w"))' \
   "$T/big/m.safetensors.index.json"
-measured "$T/big.m" timeout 60 "$SIM" --config tiny --weights "$T/big" --steps 1 >/dev/null 2>"$T/err"; rc=$?
+measured "$T/big.m" timeout "$TMO" "$SIM" --config tiny --weights "$T/big" --steps 1 >/dev/null 2>"$T/err"; rc=$?
 cpu=$(cut -d' ' -f2 "$T/big.m")
-if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && awk -v c="$cpu" 'BEGIN { exit !(c < 5) }'; then
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && awk -v c="$cpu" -v l="$LIM" 'BEGIN { exit !(c < l) }'; then
   ok "T3 100000 distinct shards: exit 2 in $cpu s CPU (was 103 s)"
 else bad "T3 100000 distinct shards: rc=$rc cpu=$cpu s: $(head -c 300 "$T/err")"; fi
 # one real shard holding 100 000 tensors, all listed: both verification passes run in full
@@ -148,9 +159,9 @@ b = json.dumps(h).encode(); b += b" " * (-len(b) % 8)
 with open(d + "/s.safetensors", "wb") as f: f.write(struct.pack("<Q", len(b)) + b + bytes(4 * n))
 json.dump({"weight_map": {"t%07d" % i: "s.safetensors" for i in range(n)}}, open(d + "/m.safetensors.index.json", "w"))
 P
-measured "$T/big2.m" timeout 60 "$SIM" --config tiny --weights "$T/big2" --steps 1 >/dev/null 2>"$T/err"; rc=$?
+measured "$T/big2.m" timeout "$TMO" "$SIM" --config tiny --weights "$T/big2" --steps 1 >/dev/null 2>"$T/err"; rc=$?
 cpu=$(cut -d' ' -f2 "$T/big2.m")
-if [ $rc -eq 2 ] && grep -q "missing tensor\|unexpected tensor" "$T/err" && awk -v c="$cpu" 'BEGIN { exit !(c < 5) }'; then
+if [ $rc -eq 2 ] && grep -q "missing tensor\|unexpected tensor" "$T/err" && awk -v c="$cpu" -v l="$LIM" 'BEGIN { exit !(c < l) }'; then
   ok "T3 one shard of 100000 tensors, all in weight_map: checked in $cpu s CPU"
 else bad "T3 one shard of 100000 tensors: rc=$rc cpu=$cpu s: $(head -c 300 "$T/err")"; fi
 
@@ -228,7 +239,7 @@ $PY - "$T/p12/model_index.json" <<'P'
 import json, sys
 j = json.load(open(sys.argv[1])); j["transformer"] = ["diffusers", "X" * 100000 + "\n\u001b]0;t\u0007"]; json.dump(j, open(sys.argv[1], "w"))
 P
-one "T12 model_index class of 100000 characters and controls" "not a FLUX.1 pipeline" "$SIM" --weights "$T/p12" "${RUN[@]}"
+one "T12 model_index class of 100000 characters and controls" "not a FLUX pipeline" "$SIM" --weights "$T/p12" "${RUN[@]}"
 [ "$(wc -c <"$T/err")" -lt 1200 ] || bad "T12 long class: $(wc -c <"$T/err") bytes of message"
 
 # ---- T18: make-checkpoint's arguments ----
@@ -267,14 +278,15 @@ int fsync(int fd)
 }
 C
 cc -O1 -shared -fPIC -o "$T/fs.so" "$T/fs.c" -ldl || bad "cannot build the fsync shim"
-one "T11 a file created at OUT during a bfl write" "not replaced" env LD_PRELOAD="$T/fs.so" RACE_OUT="$T/r.safetensors" RACE_KIND=f \
+one "T11 a file created at OUT during a bfl write" "not replaced" env LD_PRELOAD="$ASAN_PRE$T/fs.so" RACE_OUT="$T/r.safetensors" RACE_KIND=f \
   "$MK" -q --config tiny --layout bfl "$T/r.safetensors"
 grep -qx precious "$T/r.safetensors" && ok "T11 the file at OUT kept" || bad "T11 the file at OUT was replaced"
-one "T11 an empty directory created at OUT during a diffusers write" "not replaced" env LD_PRELOAD="$T/fs.so" RACE_OUT="$T/rd" RACE_KIND=d \
+one "T11 an empty directory created at OUT during a diffusers write" "not replaced" env LD_PRELOAD="$ASAN_PRE$T/fs.so" RACE_OUT="$T/rd" RACE_KIND=d \
   "$MK" -q --config tiny "$T/rd"
 [ -d "$T/rd" ] && [ -z "$(ls -A "$T/rd")" ] && ok "T11 the directory at OUT kept empty" || bad "T11 the directory at OUT was replaced"
 strace -V >/dev/null 2>&1 && {
-  strace -f -e trace=fsync,renameat2 -o "$T/st" "$MK" -q --config tiny "$T/s1" >/dev/null 2>&1
+  # LeakSanitizer cannot run under ptrace: leak checking off for this one traced command
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" strace -f -e trace=fsync,renameat2 -o "$T/st" "$MK" -q --config tiny "$T/s1" >/dev/null 2>&1
   nf=$(grep -c 'fsync(' "$T/st"); nr=$(grep -c 'RENAME_NOREPLACE' "$T/st")
   [ "$nf" -ge 3 ] && [ "$nr" -ge 1 ] && ok "T11 $nf fsyncs and a RENAME_NOREPLACE rename" || bad "T11 fsync $nf renameat2 $nr"
 }
