@@ -116,6 +116,7 @@ CASES=(
   "nan-rank:1:transformer_blocks.0.attn.to_k:1|2|--tp 2|1 transformer_blocks.0.attn.to_k"
   "ulysses-uneven-chunk|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
   "ulysses-early-read|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
+  "packed-colwise-contiguous|2|--config flux2-default --tp 2|0 transformer_blocks.0.ff.act_fn.gate_fn"
 )
 # every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
 kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')

@@ -79,7 +79,8 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                           "a packed column-parallel weight (FLUX.2's SwiGLU linear_in [gate|up], the "
                                           "single block's to_qkv_mlp_proj [q|k|v|gate|up]) split as plain colwise: "
                                           "contiguous rows, so a rank's gate and up (or q, k, v) are of other features",
-                                          "sglang#21664 class; diffusers PackedColwiseParallel", FS_INJ_NEEDS_TP | FS_INJ_REPORTS,
+                                          "sglang#21664 class; diffusers PackedColwiseParallel",
+                                          FS_INJ_NEEDS_TP | FS_INJ_NEEDS_FLUX2 | FS_INJ_REPORTS,
                                           "--tp >= 2 on a FLUX.2 config (e.g. --config flux2-default --tp 2), with a plan "
                                           "that splits a Linear packed_colwise (the built-in FLUX.2 one)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",

@@ -78,6 +78,7 @@ enum fs_inj_need {
     FS_INJ_MATTERS_VALUE = 1u << 12,      /* the broadcast value is not all zeros (checked on rank 0) */
     /* the hook reports firing (fs_inject_fire): checked again after the run */
     FS_INJ_REPORTS = 1u << 13,
+    FS_INJ_NEEDS_FLUX2 = 1u << 14, /* a FLUX.2 model: its packed column-parallel Linears exist */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

@@ -23,6 +23,9 @@ static const char *missing_why(unsigned bit)
     case FS_INJ_NEEDS_P2P: return "the ring rotates by all-gather: no receive is outstanding while a chunk is computed on";
     case FS_INJ_NEEDS_SP: return "the sequence is not split (--ulysses 1 --ring 1): every rank holds every position";
     case FS_INJ_NEEDS_GUID: return "the model has no guidance embedder: no guidance value is broadcast";
+    case FS_INJ_NEEDS_FLUX2:
+        return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
+               "to_qkv_mlp_proj are)";
     default: return "?";
     }
 }
@@ -145,7 +148,8 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_RING, p->ring >= 2},
                       {FS_INJ_NEEDS_P2P, p->ring >= 2 && p->rotate == FS_RING_P2P},
                       {FS_INJ_NEEDS_SP, p->sp >= 2},
-                      {FS_INJ_NEEDS_GUID, inp->has_guidance}};
+                      {FS_INJ_NEEDS_GUID, inp->has_guidance},
+                      {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)
             if ((nd & layout[b].need) && !layout[b].have)
                 return fs_errf(e, FS_E_INPUT, "--inject %s cannot fire under %s: %s; it shows under %s", spec, lay,
