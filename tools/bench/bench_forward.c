@@ -22,7 +22,11 @@
  * backend's sync. The GEMM reference is then the backend's own gemm on the same shapes (cuBLAS,
  * or the tiled kernel with FLUX_SIM_GPU_GEMM=tiled), and both are reported against the GPU's
  * peak for the precision: a datasheet figure looked up by device name (dense tensor-core bf16,
- * non-tensor fp32; printed with its source), or --peak-tflops T. */
+ * non-tensor fp32; printed with its source), or --peak-tflops T.
+ *
+ * --model flux2-dev: the FLUX.2 [dev] width instead (hidden 6144, 48 heads x 128, SwiGLU MLP
+ * 18432, joint 15360, no pooled vector, the three shared modulations), 1 double + 1 single block
+ * of Flux2Transformer2DModel; the sgemm reference on its Linear shapes. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +62,22 @@ static double median(double *v, int n)
 }
 
 typedef struct shape { int64_t M, N, K, count; } shape;
+
+/* The model benched: its name, heads and head dim (attention's per-head GEMMs), and the largest
+ * operands of its GEMM shapes (the reference's buffers). */
+static const char *g_model = "FLUX.1-dev";
+static int64_t g_H = 24, g_Dh = 128, g_maxA, g_maxW, g_maxC;
+
+static void size_buffers(const shape *lin, size_t n, int64_t S, int64_t D)
+{
+    g_maxA = S * D, g_maxW = S * D, g_maxC = S * S; /* attention: q/k/v [S, D], scores [S, S] */
+    for (size_t i = 0; i < n; i++) {
+        if (lin[i].M * lin[i].K > g_maxA) g_maxA = lin[i].M * lin[i].K;
+        if (lin[i].N * lin[i].K > g_maxW) g_maxW = lin[i].N * lin[i].K;
+        if (lin[i].M * lin[i].N > g_maxC) g_maxC = lin[i].M * lin[i].N;
+    }
+    if (g_maxC > g_maxA) g_maxA = g_maxC; /* PV writes its output into A */
+}
 
 /* A field of /proc/self/status ("VmHWM:", "VmRSS:") in MiB; 0 when unreadable. */
 static double proc_status_mib(const char *field)
@@ -212,18 +232,20 @@ static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const 
     fs_tensor *dst[3] = {&hs, &ehs, &pp};
     double t0 = now();
     int rc = fs_weights_on(w, be, &won, e);
-    for (int i = 0; i < 3 && !rc; i++)
-        if (!(rc = fs_tensor_alloc_on(dst[i], be, dt, src[i]->ndim, src[i]->shape, e))) rc = fs_tensor_upload(dst[i], src[i], e);
+    for (int i = 0; i < 3 && !rc; i++) /* FLUX.2 has no pooled vector (ndim 0) */
+        if (src[i]->ndim && !(rc = fs_tensor_alloc_on(dst[i], be, dt, src[i]->ndim, src[i]->shape, e)))
+            rc = fs_tensor_upload(dst[i], src[i], e);
     if (!rc) rc = be->sync(be, e);
     const double t_up = now() - t0;
     /* the backend's GEMM on the forward's shapes (attention's QKᵀ and PV per head included) */
     void *A = NULL, *W = NULL, *C = NULL;
     const size_t es = dt == FS_BF16 ? 2 : 4;
-    if (!rc) rc = be->alloc(be, es * (size_t)(S * (D + F)), &A, e);
-    if (!rc) rc = be->alloc(be, es * (size_t)(F * (D + F)), &W, e);
-    if (!rc) rc = be->alloc(be, es * (size_t)(S * (D + F)), &C, e);
-    if (!rc) rc = be->memset(be, A, 0x3C, es * (size_t)(S * (D + F)), e); /* 0x3C3C..: about 0.0115, not zeros */
-    if (!rc) rc = be->memset(be, W, 0x3C, es * (size_t)(F * (D + F)), e);
+    (void)F;
+    if (!rc) rc = be->alloc(be, es * (size_t)g_maxA, &A, e);
+    if (!rc) rc = be->alloc(be, es * (size_t)g_maxW, &W, e);
+    if (!rc) rc = be->alloc(be, es * (size_t)g_maxC, &C, e);
+    if (!rc) rc = be->memset(be, A, 0x3C, es * (size_t)g_maxA, e); /* 0x3C3C..: about 0.0115, not zeros */
+    if (!rc) rc = be->memset(be, W, 0x3C, es * (size_t)g_maxW, e);
     double *t_gemm = calloc((size_t)reps, sizeof(double)), *t_fwd = calloc((size_t)reps, sizeof(double));
     for (int r = 0; r < reps + 1 && !rc; r++) { /* +1: the first run warms up (cuBLAS heuristics, allocator) */
         double s = now();
@@ -231,9 +253,9 @@ static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const 
             for (int k = 0; k < lin[i].count && !rc; k++)
                 rc = be->gemm(be, dt, lin[i].M, lin[i].N, lin[i].K, A, lin[i].K, W, lin[i].K, NULL, C, lin[i].N, e);
         for (int blk = 0; blk < 2 && !rc; blk++)
-            for (int h = 0; h < 24 && !rc; h++) {
-                rc = be->gemm(be, dt, S, S, 128, A, D, W, D, NULL, C, S, e);
-                if (!rc) rc = be->gemm(be, dt, S, 128, S, C, S, W, S, NULL, A, D, e);
+            for (int h = 0; h < g_H && !rc; h++) {
+                rc = be->gemm(be, dt, S, S, g_Dh, A, D, W, D, NULL, C, S, e);
+                if (!rc) rc = be->gemm(be, dt, S, g_Dh, S, C, S, W, S, NULL, A, D, e);
             }
         if (!rc) rc = be->sync(be, e);
         if (r) t_gemm[r - 1] = now() - s;
@@ -264,9 +286,9 @@ static int bench_backend(fs_backend *be, fs_dtype dt, const fs_config *c, const 
                 peak = dt == FS_BF16 ? peaks[i].bf16 : peaks[i].fp32;
                 psrc = dt == FS_BF16 ? "datasheet, dense bf16 tensor cores" : "datasheet, fp32 without TF32";
             }
-        printf("bench_forward: FLUX.1-dev width, 1 double + 1 single block, %lld tokens (image + text), %s, backend %s, "
+        printf("bench_forward: %s width, 1 double + 1 single block, %lld tokens (image + text), %s, backend %s, "
                "%d reps after 1 warm-up (medians)\n  device: %s\n",
-               (long long)S, dtn, be->name, reps, desc);
+               g_model, (long long)S, dtn, be->name, reps, desc);
         printf("  OpenBLAS core %s; bf16 gemm: %s\n", openblas_get_corename(), fs_gemm_bf16_describe());
         printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
                lin_flops * 1e-9, attn_flops * 1e-9);
@@ -313,19 +335,25 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc && (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "bf16")))
             dt = !strcmp(argv[++i], "bf16") ? FS_BF16 : FS_F32;
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc && (!strcmp(argv[i + 1], "flux-dev") || !strcmp(argv[i + 1], "flux2-dev")))
+            g_model = !strcmp(argv[++i], "flux2-dev") ? "FLUX.2-dev" : "FLUX.1-dev";
         else {
             fprintf(stderr, "usage: bench_forward [--reps N] [--small] [--bf16] [--threads N[,N...]] [--profile] "
-                            "[--backend NAME] [--precision fp32|bf16] [--peak-tflops T]\n");
+                            "[--backend NAME] [--precision fp32|bf16] [--peak-tflops T] [--model flux-dev|flux2-dev]\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     fs_config c;
     fs_err e = {0};
-    fs_config_preset(&c, "flux-dev", &e);
+    const int f2 = !strcmp(g_model, "FLUX.2-dev");
+    const char *preset = f2 ? "flux2-dev" : "flux-dev";
+    fs_config_preset(&c, preset, &e);
     c.num_layers = 1;
     c.num_single_layers = 1;
-    const int64_t D = 3072, F = 4 * D, S_img = img_h * img_w, S_txt = txt, S = S_img + S_txt;
+    g_H = c.num_attention_heads, g_Dh = c.attention_head_dim;
+    const int64_t D = fs_config_hidden(&c), F = fs_config_mlp_hidden(&c), S_img = img_h * img_w, S_txt = txt,
+                  S = S_img + S_txt, Cin = c.in_channels, J = c.joint_attention_dim;
 
     double t0 = now();
     fs_weights w;
@@ -341,16 +369,28 @@ int main(int argc, char **argv)
     }
 
     /* The forward's GEMMs: (M rows, N out, K in) x count. */
-    const shape lin[] = {
-        {S_img, D, 64, 1}, {S_txt, D, 4096, 1},                       /* x_embedder, context_embedder */
+    const shape lin1[] = {
+        {S_img, D, Cin, 1}, {S_txt, D, J, 1},                         /* x_embedder, context_embedder */
         {1, D, 256, 2}, {1, D, D, 2}, {1, D, 768, 1}, {1, D, D, 1},   /* time/guidance/text embedders */
         {1, 6 * D, D, 2}, {S_img, D, D, 4}, {S_txt, D, D, 4},         /* double: AdaLN, img q,k,v,out; txt */
         {S_img, F, D, 1}, {S_img, D, F, 1}, {S_txt, F, D, 1}, {S_txt, D, F, 1}, /* double: ff, ff_context */
         {1, 3 * D, D, 1}, {S, D, D, 3}, {S, F, D, 1}, {S, D, D + F, 1}, /* single: AdaLN, qkv, proj_mlp, proj_out */
-        {1, 2 * D, D, 1}, {S_img, 64, D, 1},                          /* norm_out.linear, proj_out */
+        {1, 2 * D, D, 1}, {S_img, Cin, D, 1},                         /* norm_out.linear, proj_out */
     };
+    const shape lin2[] = { /* FLUX.2 (fs_flux2.c): no biases, no pooled vector */
+        {1, D, 256, 2}, {1, D, D, 2},                                 /* timestep/guidance embedders */
+        {1, 6 * D, D, 2}, {1, 3 * D, D, 1},                           /* the three shared modulations */
+        {S_img, D, Cin, 1}, {S_txt, D, J, 1},                         /* x_embedder, context_embedder */
+        {S_img, D, D, 4}, {S_txt, D, D, 4},                           /* double: img q,k,v,out; txt */
+        {S_img, 2 * F, D, 1}, {S_img, D, F, 1}, {S_txt, 2 * F, D, 1}, {S_txt, D, F, 1}, /* SwiGLU ff, ff_context */
+        {S, 3 * D + 2 * F, D, 1}, {S, D, D + F, 1},                   /* single: to_qkv_mlp_proj, to_out */
+        {1, 2 * D, D, 1}, {S_img, Cin, D, 1},                         /* norm_out.linear, proj_out */
+    };
+    const shape *lin = f2 ? lin2 : lin1;
+    const size_t nlin = f2 ? sizeof lin2 / sizeof *lin2 : sizeof lin1 / sizeof *lin1;
+    size_buffers(lin, nlin, S, D);
     double lin_flops = 0;
-    for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) lin_flops += 2.0 * lin[i].M * lin[i].N * lin[i].K * lin[i].count;
+    for (size_t i = 0; i < nlin; i++) lin_flops += 2.0 * lin[i].M * lin[i].N * lin[i].K * lin[i].count;
     const double attn_flops = 2 * 4.0 * (double)S * S * D; /* 2 blocks */
     const double model_flops = lin_flops + attn_flops;
 
@@ -358,7 +398,7 @@ int main(int argc, char **argv)
         fs_backend *be = NULL;
         int rc = fs_backend_open(backend, &be, &e);
         if (!rc)
-            rc = bench_backend(be, dt, &c, &w, &in, lin, sizeof lin / sizeof *lin, S, D, F, model_flops, lin_flops,
+            rc = bench_backend(be, dt, &c, &w, &in, lin, nlin, S, D, F, model_flops, lin_flops,
                                attn_flops, reps, peak, &e);
         if (rc) fprintf(stderr, "bench_forward: %s\n", e.msg);
         fs_backend_close(be);
@@ -378,9 +418,9 @@ int main(int argc, char **argv)
     const int nth = nthreads ? nthreads : 1;
     if (!nthreads) threads[0] = 0; /* as the environment says */
     const int ndbl = c.num_layers, nsgl = c.num_single_layers;
-    /* full depth: FLUX.1-dev's 19 double and 38 single blocks */
+    /* full depth: FLUX.1-dev's 19 double and 38 single blocks (FLUX.2-dev's 8 and 48) */
     fs_config full;
-    fs_config_preset(&full, "flux-dev", &e);
+    fs_config_preset(&full, preset, &e);
     const double ts = ((double *)in.timesteps.data)[0], g = 3.5;
     fs_model m = {.cfg = c, .dtype = FS_F32, .w = &w, .be = fs_backend_cpu()};
     float *A = NULL, *B = NULL, *C = NULL;
@@ -391,9 +431,9 @@ int main(int argc, char **argv)
     fs_inputs ib = {0};
     const double rss0 = proc_status_mib("VmRSS:");
     double fwd_hwm = 0;
-    printf("bench_forward: FLUX.1-dev width, %d double + %d single block, %lld image + %lld text tokens, fp32, %d reps, "
+    printf("bench_forward: %s width, %d double + %d single block, %lld image + %lld text tokens, fp32, %d reps, "
            "sgemm and forward alternated (medians)\n",
-           ndbl, nsgl, (long long)S_img, (long long)S_txt, reps);
+           g_model, ndbl, nsgl, (long long)S_img, (long long)S_txt, reps);
     printf("  OpenBLAS core %s; bf16 gemm: %s\n", openblas_get_corename(), fs_gemm_bf16_describe());
     printf("  model FLOPs per forward      %10.1f GFLOP (Linear %.1f + attention %.1f)\n", model_flops * 1e-9,
            lin_flops * 1e-9, attn_flops * 1e-9);
@@ -414,11 +454,11 @@ int main(int argc, char **argv)
                    "before the sgemm buffers exist)\n",
                    fwd_hwm, rss0, fwd_hwm - rss0);
             /* sgemm reference on the same shapes, attention's QKᵀ and PV per head included */
-            A = calloc((size_t)(S * (D + F)), sizeof(float));
-            B = calloc((size_t)(F * (D + F)), sizeof(float));
-            C = calloc((size_t)(S * (D + F)), sizeof(float));
-            for (int64_t i = 0; i < S * (D + F); i++) A[i] = (float)((i % 13) - 6) * 0.01f;
-            for (int64_t i = 0; i < F * (D + F); i++) B[i] = (float)((i % 7) - 3) * 0.01f;
+            A = calloc((size_t)g_maxA, sizeof(float));
+            B = calloc((size_t)g_maxW, sizeof(float));
+            C = calloc((size_t)g_maxC, sizeof(float));
+            for (int64_t i = 0; i < g_maxA; i++) A[i] = (float)((i % 13) - 6) * 0.01f;
+            for (int64_t i = 0; i < g_maxW; i++) B[i] = (float)((i % 7) - 3) * 0.01f;
             /* a second warm-up, now that the buffers (0.94 GB) sit where the heap had the
              * forward's freed activations: without it the first timed forward faults in fresh
              * pages and ran 10-25 % slower than the others (docs/performance.md) */
@@ -430,15 +470,15 @@ int main(int argc, char **argv)
             /* sgemm, the forward, the forward with block timestamps: alternated, so that load from
              * other processes falls on all three alike */
             double s = now();
-            for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+            for (size_t i = 0; i < nlin; i++)
                 for (int k = 0; k < lin[i].count; k++)
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)lin[i].M, (int)lin[i].N, (int)lin[i].K,
                                 1.0f, A, (int)lin[i].K, B, (int)lin[i].K, 0.0f, C, (int)lin[i].N);
             for (int blk = 0; blk < 2; blk++)
-                for (int h = 0; h < 24; h++) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, 128, 1.0f, A, (int)D, B, (int)D,
-                                0.0f, C, (int)S);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, 128, (int)S, 1.0f, C, (int)S, B,
+                for (int h = 0; h < g_H; h++) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, (int)g_Dh, 1.0f, A, (int)D, B,
+                                (int)D, 0.0f, C, (int)S);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)g_Dh, (int)S, 1.0f, C, (int)S, B,
                                 (int)D, 0.0f, A, (int)D);
                 }
             t_gemm[r] = now() - s;
@@ -493,17 +533,18 @@ int main(int argc, char **argv)
             fs_model mb = {.cfg = c, .dtype = FS_BF16, .w = &wb, .be = fs_backend_cpu()};
             /* the bf16 gemm op alone on the forward's Linear shapes (bias, as the forward's Linears),
              * alternated with the bf16 forward */
-            uint16_t *A16 = malloc(sizeof(uint16_t) * (size_t)(S * (D + F))), *W16 = malloc(sizeof(uint16_t) * (size_t)(F * (D + F))),
-                     *C16 = malloc(sizeof(uint16_t) * (size_t)(S * (D + F))), *b16 = malloc(sizeof(uint16_t) * (size_t)(D + F));
-            for (int64_t i = 0; i < S * (D + F); i++) A16[i] = fs_bf16_from_float((float)((i % 13) - 6) * 0.01f);
-            for (int64_t i = 0; i < F * (D + F); i++) W16[i] = fs_bf16_from_float((float)((i % 7) - 3) * 0.01f);
-            for (int64_t i = 0; i < D + F; i++) b16[i] = fs_bf16_from_float(0.01f * (float)(i % 5));
+            const int64_t nb = 3 * D + 2 * F; /* the widest output */
+            uint16_t *A16 = malloc(sizeof(uint16_t) * (size_t)g_maxA), *W16 = malloc(sizeof(uint16_t) * (size_t)g_maxW),
+                     *C16 = malloc(sizeof(uint16_t) * (size_t)g_maxC), *b16 = malloc(sizeof(uint16_t) * (size_t)nb);
+            for (int64_t i = 0; i < g_maxA; i++) A16[i] = fs_bf16_from_float((float)((i % 13) - 6) * 0.01f);
+            for (int64_t i = 0; i < g_maxW; i++) W16[i] = fs_bf16_from_float((float)((i % 7) - 3) * 0.01f);
+            for (int64_t i = 0; i < nb; i++) b16[i] = fs_bf16_from_float(0.01f * (float)(i % 5));
             double *t_bg = malloc(sizeof(double) * (size_t)reps);
             for (int r = 0; r < reps; r++) {
                 double s0 = now();
-                for (size_t i = 0; i < sizeof lin / sizeof *lin; i++)
+                for (size_t i = 0; i < nlin; i++)
                     for (int k = 0; k < lin[i].count; k++)
-                        if (mb.be->gemm(mb.be, FS_BF16, lin[i].M, lin[i].N, lin[i].K, A16, lin[i].K, W16, lin[i].K, b16, C16,
+                        if (mb.be->gemm(mb.be, FS_BF16, lin[i].M, lin[i].N, lin[i].K, A16, lin[i].K, W16, lin[i].K, f2 ? NULL : b16, C16,
                                         lin[i].N, &e)) { fprintf(stderr, "%s\n", e.msg); return 2; }
                 t_bg[r] = now() - s0;
                 s0 = now();

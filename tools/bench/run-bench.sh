@@ -10,6 +10,11 @@ echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); bf16 ISA:
 echo "== bench_forward: fp32 forward vs sgemm, bf16 forward and bf16 gemm, threads ${BENCH_THREADS:-1,2} =="
 build/bench_forward --reps 3 --threads "${BENCH_THREADS:-1,2}" --bf16 "$@"
 echo
+# FLUX.2 [dev] width, 1 double + 1 single block (8.7 GiB of fp32 weights, ~10 GiB peak), 64 + 64
+# tokens: its modulations alone are 15·D² = 566 M parameters, GEMVs at M = 1
+echo "== bench_forward --model flux2-dev: FLUX.2-dev width, fp32 forward vs sgemm, threads ${BENCH_THREADS:-1,2} =="
+build/bench_forward --model flux2-dev --small --reps 3 --threads "${BENCH_THREADS:-1,2}"
+echo
 # issue 13's peer: the same forward in PyTorch (tools/bench/bench_torch_peer.py), 1 thread, alternated
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "== bench-peer: flux-sim vs the PyTorch peer, fp32 forward, 1 thread =="
