@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """flux_dump.dumper — write a flux-dump v1 file (flux-sim's ../shared/flux-dump.md) from a PyTorch run
-of diffusers' FluxTransformer2DModel, with forward hooks, so a GPU run can be diffed against flux-sim
-with `flux-oracle diff`. Installed as the `flux_dump` package (`pip install ./python`); in a flux-sim
-checkout `tools/torch/torch_dump.py` re-exports it (`from torch_dump import FluxDumper`).
+of diffusers' FluxTransformer2DModel (FLUX.1) or Flux2Transformer2DModel (FLUX.2), with forward hooks,
+so a GPU run can be diffed against flux-sim with `flux-oracle diff`. FLUX.2: leave out
+`pooled_projections` (it has none) and pass the pipeline's ids as they are (the int64 [B, S, 4]
+tables are stored as the transformer uses them); the config attribute names the family
+(`_class_name`), so flux-sim replays it as FLUX.2. Installed as the `flux_dump` package
+(`pip install ./python`); in a flux-sim checkout `tools/torch/torch_dump.py` re-exports it
+(`from torch_dump import FluxDumper`).
 
     from flux_dump import FluxDumper, pipeline_timesteps
     # after retrieve_timesteps(scheduler, ...): scheduler.timesteps has N values and
@@ -108,6 +112,41 @@ FORMAT_VERSION = 1
 CONFIG_KEYS = ["patch_size", "in_channels", "out_channels", "num_layers", "num_single_layers",
                "attention_head_dim", "num_attention_heads", "joint_attention_dim",
                "pooled_projection_dim", "guidance_embeds", "axes_dims_rope"]
+# FLUX.2 (diffusers' Flux2Transformer2DModel): no pooled vector; these instead. flux-sim tells the
+# families apart by `_class_name` and refuses these keys in a FLUX.1 config
+FLUX2_CONFIG_KEYS = ["patch_size", "in_channels", "out_channels", "num_layers", "num_single_layers",
+                     "attention_head_dim", "num_attention_heads", "joint_attention_dim",
+                     "timestep_guidance_channels", "mlp_ratio", "axes_dims_rope", "rope_theta", "eps",
+                     "guidance_embeds"]
+FLUX_CLASSES = ("FluxTransformer2DModel", "Flux2Transformer2DModel")
+_FLUX2_ONLY = ("timestep_guidance_channels", "mlp_ratio", "rope_theta")
+
+
+def _class_name(model, cfg):
+    """diffusers' class name of the family for the config's `_class_name` (diffusers' config.json
+    has it; `model.config` does not): the config's own, else the model's class when it is one of
+    diffusers' two FLUX transformers (a subclass counts), else FLUX.2 when the config has FLUX.2's
+    keys; None for anything else (a FLUX-named toy: flux-sim reads a config without one as FLUX.1)."""
+    c = cfg.get("_class_name") if hasattr(cfg, "get") else None
+    if c:
+        return c
+    for k in type(model).__mro__:
+        if k.__name__ in FLUX_CLASSES:
+            return k.__name__
+    if any(k in cfg for k in _FLUX2_ONLY):
+        return "Flux2Transformer2DModel"
+    return None
+
+
+def _flux_config(model, cfg):
+    """The root `config` attribute: the family's keys of the model's config, `_class_name` first."""
+    cls = _class_name(model, cfg)
+    keys = FLUX2_CONFIG_KEYS if cls == "Flux2Transformer2DModel" else CONFIG_KEYS
+    out = {"_class_name": cls} if cls else {}
+    out.update({k: cfg[k] for k in keys if k in cfg})
+    if "axes_dims_rope" in out:
+        out["axes_dims_rope"] = list(out["axes_dims_rope"])
+    return out
 
 
 # The temporary the dump is written to until it is complete, named as flux-sim names its own
@@ -222,10 +261,7 @@ class FluxDumper:
         _remove_stale(self.path)
         self.tmp = _tmp_name(self.path, os.getpid(), _host_token())
         self.f = h5py.File(self.tmp, "w", track_order=True)
-        cfg = config if config is not None else getattr(model, "config", {})
-        cfg = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
-        if "axes_dims_rope" in cfg:
-            cfg["axes_dims_rope"] = list(cfg["axes_dims_rope"])
+        cfg = _flux_config(model, config if config is not None else getattr(model, "config", {}))
         a = self.f.attrs
         a["format"] = "flux-dump"
         a["version"] = FORMAT_VERSION
@@ -370,9 +406,25 @@ class FluxDumper:
 
     def write_inputs(self, **tensors):
         """/inputs, stored as given. `sigmas` must be the scheduler's N+1 values (the final 0
-        included) and `timesteps` the N values passed to the transformer (already / 1000)."""
+        included) and `timesteps` the N values passed to the transformer (already / 1000).
+        `img_ids`/`txt_ids` as the pipeline passes them ([B, S, axes], integer for FLUX.2) are
+        stored as the transformer uses them: ids[0], as floats. FLUX.2 has no `pooled_projections`
+        (None or left out)."""
         arrs = {k: (_to_numpy(v) if not isinstance(v, np.ndarray) else np.asarray(v))
                 for k, v in tensors.items() if v is not None}
+        passed = {k: tuple(a.shape) for k, a in arrs.items()}   # as the model gets them: the CP plan splits these
+        for k in ("img_ids", "txt_ids"):
+            a = arrs.get(k)
+            if a is None:
+                continue
+            if a.ndim == 3:
+                # the pipelines pass [B, S, axes] (FLUX.2: int64, 4 axes); both transformers use
+                # ids[0], the [S, axes] table the format stores
+                a = a[0]
+            if a.dtype.kind in "iub":
+                # integer positions as floats of the run (exact below 2^24), as the references store them
+                a = a.astype(np.float64 if self.f.attrs.get("dtype") == "float64" else np.float32)
+            arrs[k] = a
         s, t = arrs.get("sigmas"), arrs.get("timesteps")
         if s is not None and s.ndim != 1:
             raise ValueError(f"sigmas must be 1-D (the scheduler's N+1 sigmas), got shape {s.shape}")
@@ -383,7 +435,7 @@ class FluxDumper:
         for k, a in arrs.items():
             g.create_dataset(k, data=a)
             self._inputs[k] = a
-            self._par.note_input(k, tuple(a.shape))
+            self._par.note_input(k, passed[k])
 
     def final(self, latents):
         g = self.f.require_group("final")

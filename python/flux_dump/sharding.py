@@ -80,7 +80,7 @@ def cp_layout(plan, global_shapes, world, uneven):
     An input whose shape does not have expected_dims is not split (diffusers warns and passes it
     whole), so it makes no segment."""
     root = plan.get("", {}) if isinstance(plan, dict) else {}
-    segs, axis, allowed = {}, {}, {}
+    segs, axis, allowed, derived = {}, {}, {}, []
     for name, cpi in root.items():
         cpis = list(cpi) if isinstance(cpi, (list, tuple)) else [cpi]
         if len(cpis) != 1 or not _is_cp_input(cpis[0]) or getattr(cpis[0], "split_output", False):
@@ -102,6 +102,17 @@ def cp_layout(plan, global_shapes, world, uneven):
         if axis.get(nd, d) != d:
             raise ValueError(f"_cp_plan splits {nd}-D inputs on different axes ({axis[nd]} and {d})")
         axis[nd] = d
+        allowed.setdefault(nd, [])
+        if role not in allowed[nd]:
+            allowed[nd].append(role)
+        if name.endswith("_ids") and nd == 3 and d >= 1:
+            derived.append((role, nd - 1, d - 1))
+    # FLUX.2's plan splits the ids as the pipeline passes them, [B, S, 4] on dim 1, and the
+    # transformer uses ids[0]: its RoPE tables (pos_embed#k [S, D]) are shards on dim 0 of the
+    # same segments. (FLUX.1's plan splits its [S, 3] ids on dim 0 itself.)
+    for role, nd, d in derived:
+        if axis.setdefault(nd, d) != d:
+            continue
         allowed.setdefault(nd, [])
         if role not in allowed[nd]:
             allowed[nd].append(role)
