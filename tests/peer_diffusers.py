@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""diffusers' own FLUX transformers, run as their pipelines run them and dumped with flux_dump
+(tests/peer_diffusers.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
+
+    peer_diffusers.py FAMILY REFDIR OUT [--steps N] [--cp ring|ulysses] [--bug timestep-rank1]
+
+FAMILY flux1 | flux2: diffusers' FluxTransformer2DModel | Flux2Transformer2DModel, built from
+REFDIR/config.json and loaded from REFDIR/weights.safetensors (strict), fp32, with the inputs of
+REFDIR/dump_fp32.h5 (/inputs). The loop mirrors FluxPipeline / Flux2Pipeline for N steps (default
+2): the pipeline's sigmas linspace(1, 1/N, N), its mu (FLUX.1 calculate_shift, FLUX.2
+compute_empirical_mu), retrieve_timesteps, `timestep = t.expand(B).to(dtype) / 1000`, guidance
+float32 [B], scheduler.step; FLUX.2's ids are passed as the pipeline makes them (int64 [B, S, 4]),
+FLUX.1's as [S, 3]. Everything is recorded with FluxDumper into OUT (a file; with --cp a folder of
+rank_<r>.h5).
+
+--cp ring|ulysses: diffusers' own context parallelism, `transformer.enable_parallelism(config=
+ContextParallelConfig(ring_degree=W | ulysses_degree=W))`, one process per rank (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), gloo. Three run-time patches make it run on a CPU; none changes what is
+computed (docs/peers.md):
+  1. enable_parallelism picks the device `rank % torch.accelerator.device_count()`: 0 on a CPU,
+     ZeroDivisionError. The count is taken as 1 (the device index only).
+  2. ring attention needs each step's LSE; the `native` backend refuses return_lse, so the
+     `_native_flash` backend (the one that returns it) is set ...
+  3. ... whose forward op calls aten::_scaled_dot_product_flash_attention, which has no CPU kernel:
+     it is routed to aten::_scaled_dot_product_flash_attention_for_cpu, the same attention on the
+     CPU (its LSE [B, H, S], as the CUDA kernel's).
+--bug timestep-rank1: seed 000's broadcast into a temporary: rank 1's transformer embeds timestep 0
+(its time embedding module's forward wrapped at run time; diffusers is not edited).
+"""
+import argparse
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+
+# The pipelines' schedule helpers, as diffusers 0.42.1 has them (pipelines/flux/pipeline_flux.py,
+# pipelines/flux2/pipeline_flux2.py): those modules import transformers (the text encoders) at
+# import time, which this venv does not install.
+def calculate_shift(image_seq_len, base_seq_len=256, max_seq_len=4096, base_shift=0.5, max_shift=1.15):
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    b = base_shift - m * base_seq_len
+    return image_seq_len * m + b
+
+
+def compute_empirical_mu(image_seq_len, num_steps):
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return float(a2 * image_seq_len + b2)
+    m_200 = a2 * image_seq_len + b2
+    m_10 = a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    b = m_200 - 200.0 * a
+    return float(a * num_steps + b)
+
+
+def cpu_patches():
+    import diffusers.models.attention_dispatch as ad
+    if torch.accelerator.device_count() == 0:                       # patch 1
+        torch.accelerator.device_count = lambda: 1
+
+    def flash_cpu(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):   # patch 3
+        if enable_gqa:
+            raise ValueError("`enable_gqa` is not yet supported for native flash attention.")
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+        out = out.transpose(1, 2).contiguous()
+        lse = lse.transpose(1, 2).contiguous()
+        return (out, lse) if return_lse else out
+
+    ad._native_flash_attention_forward_op = flash_cpu
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("family", choices=["flux1", "flux2"])
+    ap.add_argument("refdir")
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--cp", choices=["ring", "ulysses"])
+    ap.add_argument("--bug", choices=["timestep-rank1"])
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from safetensors.torch import load_file
+    from flux_dump import FluxDumper, pipeline_timesteps
+    f2 = a.family == "flux2"
+    if f2:
+        from diffusers import Flux2Transformer2DModel as Model
+    else:
+        from diffusers import FluxTransformer2DModel as Model
+
+    rank, world = 0, 1
+    if a.cp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        cpu_patches()
+
+    cfg = json.load(open(os.path.join(a.refdir, "config.json")))
+    model = Model.from_config(cfg).to(torch.float32).eval()
+    missing, unexpected = model.load_state_dict(load_file(os.path.join(a.refdir, "weights.safetensors")), strict=True)
+    assert not missing and not unexpected, (missing, unexpected)
+
+    with h5py.File(os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
+        inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
+        sched_cfg = json.loads(ref.attrs["scheduler_config"])
+    latents = inp["hidden_states"].float()
+    prompt_embeds = inp["encoder_hidden_states"].float()
+    B, S_img = latents.shape[0], latents.shape[1]
+    guidance = torch.full([1], float(inp["guidance"][0]), dtype=torch.float32).expand(B)
+    pooled = None
+    if f2:   # Flux2Pipeline's _prepare_latent_ids / _prepare_text_ids: int64 [B, S, 4]
+        img_ids = inp["img_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
+        txt_ids = inp["txt_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
+    else:    # FluxPipeline: [S, 3] in the latents' dtype
+        img_ids, txt_ids = inp["img_ids"].float(), inp["txt_ids"].float()
+        pooled = inp["pooled_projections"].float()
+
+    N = a.steps
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
+    sigmas = np.linspace(1.0, 1 / N, N)
+    if f2:
+        mu = compute_empirical_mu(image_seq_len=S_img, num_steps=N)
+    else:
+        c = scheduler.config
+        mu = calculate_shift(S_img, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+    scheduler.set_timesteps(sigmas=sigmas, device="cpu", mu=mu)    # retrieve_timesteps(..., sigmas=, mu=)
+    timesteps = scheduler.timesteps
+    scheduler.set_begin_index(0)
+
+    kw = {}
+    if a.cp:
+        from diffusers import ContextParallelConfig
+        model.set_attention_backend("_native_flash")                 # patch 2
+        cpc = ContextParallelConfig(ring_degree=world) if a.cp == "ring" else ContextParallelConfig(ulysses_degree=world)
+        model.enable_parallelism(config=cpc)
+        os.makedirs(a.out, exist_ok=True)
+        path = os.path.join(a.out, "rank_{rank}.h5")
+    else:
+        path = a.out
+    if a.bug == "timestep-rank1" and rank == 1:
+        emb = model.time_guidance_embed if f2 else model.time_text_embed
+        orig = emb.forward
+        emb.forward = lambda timestep, *args, **kw2: orig(timestep * 0, *args, **kw2)
+
+    producer = (f"diffusers {diffusers.__version__} {Model.__name__}"
+                f"{f' + enable_parallelism({a.cp} {world})' if a.cp else ''} + flux_dump; torch {torch.__version__} CPU")
+    with torch.no_grad(), FluxDumper(path, model, producer=producer, **kw) as d:
+        d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
+                       img_ids=img_ids, txt_ids=txt_ids, guidance=guidance, sigmas=scheduler.sigmas,
+                       timesteps=pipeline_timesteps(timesteps, latents.dtype))
+        for i, t in enumerate(timesteps):
+            timestep = t.expand(B).to(latents.dtype) / 1000
+            with d.step(i, timestep=timestep, sigma=scheduler.sigmas[i], sigma_next=scheduler.sigmas[i + 1]):
+                d.record("latents_in", latents)
+                args = dict(hidden_states=latents, timestep=timestep, guidance=guidance,
+                            encoder_hidden_states=prompt_embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False)
+                if not f2:
+                    args["pooled_projections"] = pooled
+                v = model(**args)[0]
+                latents = scheduler.step(v, t, latents, return_dict=False)[0]
+                d.record("latents_out", latents)
+        d.final(latents)
+    if a.cp:
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    print(f"peer_diffusers: {a.family} rank {rank}/{world}: {path} ({N} steps)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
