@@ -117,6 +117,7 @@ CASES=(
   "ulysses-uneven-chunk|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
   "ulysses-early-read|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
   "packed-colwise-contiguous|2|--config flux2-default --tp 2|0 transformer_blocks.0.ff.act_fn.gate_fn"
+  "txt-ids-local|2|--config flux2-default --ulysses 2|0 pos_embed@1#0"
 )
 # every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
 kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')

@@ -11,7 +11,8 @@
 #      (sglang#21664 = seed 000's TP-1), a packed column-parallel weight split as plain colwise
 #      (SwiGLU pairs gate and up of other features), the timestep zeroed on ranks > 0 (every
 #      block through the shared modulation), and ranks rotating with local positions (the image
-#      table at pos_embed#0; FLUX.2's text positions are real, so its text table is wrong too).
+#      table at pos_embed#0; FLUX.2's text positions are real, so its text table is wrong too), and
+#      the text ids not split with the text (diffusers#12737: pos_embed@1, invisible on FLUX.1).
 . "$(dirname "$0")/lib.sh"
 SIM=${FLUX_BUILD:-build}/flux-sim OR=${FLUX_BUILD:-build}/flux-oracle
 ref=${FLUX_REFERENCE_DIR:-../shared/reference}
@@ -60,7 +61,8 @@ done
 BUGS=("proj-out-contiguous|--tp 2|single_transformer_blocks.0.attn.to_out"
       "packed-colwise-contiguous|--tp 2|transformer_blocks.0.ff.act_fn.gate_fn"
       "timestep-temp-bcast|--ring 2|time_guidance_embed.time_proj"
-      "rope-local-pos|--ulysses 2|pos_embed#0")
+      "rope-local-pos|--ulysses 2|pos_embed#0"
+      "txt-ids-local|--ring 2|pos_embed@1#0")
 for p in fp32 bf16; do
   for B in "${BUGS[@]}"; do
     IFS='|' read -r bug args where <<<"$B"

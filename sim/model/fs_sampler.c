@@ -145,13 +145,16 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     /* --inject rope-local-pos: each rank builds the ids of its chunk from 0, as if it held the
      * start of the sequence (local positions instead of global ones) */
     const int local_pos = split && fs_injected(p->inject, FS_INJ_ROPE_LOCAL_POS);
+    /* --inject txt-ids-local (diffusers#12737): the text ids are not split with the text; the rank
+     * rotates its text tokens with the ids at the start of the text */
+    const int txt_local = local_pos || (split && fs_injected(p->inject, FS_INJ_TXT_IDS_LOCAL));
     if ((rc = upload_tokens(be, m->dtype, &in->hidden_states, ilo, ihi, &lat, e)) ||
         (rc = upload_tokens(be, m->dtype, &in->encoder_hidden_states, tlo, thi, &ehs, e)) ||
         (in->pooled_projections.ndim && /* FLUX.2: none */
          ((rc = fs_tensor_alloc_on(&pooled, be, m->dtype, in->pooled_projections.ndim, in->pooled_projections.shape, e)) ||
           (rc = fs_tensor_upload(&pooled, &in->pooled_projections, e)))) ||
         (rc = slice_ids(&in->img_ids, local_pos ? 0 : ilo, (local_pos ? 0 : ilo) + (ihi - ilo), &iid, e)) ||
-        (rc = slice_ids(&in->txt_ids, local_pos ? 0 : tlo, (local_pos ? 0 : tlo) + (thi - tlo), &tid, e)))
+        (rc = slice_ids(&in->txt_ids, txt_local ? 0 : tlo, (txt_local ? 0 : tlo) + (thi - tlo), &tid, e)))
         goto out;
     if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {

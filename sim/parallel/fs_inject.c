@@ -83,6 +83,13 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                           FS_INJ_NEEDS_TP | FS_INJ_NEEDS_FLUX2 | FS_INJ_REPORTS,
                                           "--tp >= 2 on a FLUX.2 config (e.g. --config flux2-default --tp 2), with a plan "
                                           "that splits a Linear packed_colwise (the built-in FLUX.2 one)"},
+    [FS_INJ_TXT_IDS_LOCAL] = {"txt-ids-local",
+                              "the text position ids not split with the text tokens: every sequence-parallel rank "
+                              "rotates its text shard with the ids of the text's start (the image ids are right)",
+                              "diffusers#12737 (FLUX.2 _cp_plan: 'split will not be applied')",
+                              FS_INJ_NEEDS_SP | FS_INJ_MATTERS_TXT_IDS_MOVE,
+                              "--ulysses >= 2 or --ring >= 2 on a model whose text tokens have positions (FLUX.2; "
+                              "FLUX.1's text ids are all zero), e.g. --config flux2-default --ring 2"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},

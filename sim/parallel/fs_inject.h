@@ -28,6 +28,7 @@ typedef enum fs_inj_id {
     FS_INJ_ULYSSES_EARLY_READ,
     FS_INJ_FAIL_RANK,
     FS_INJ_PACKED_COLWISE_CONTIGUOUS,
+    FS_INJ_TXT_IDS_LOCAL,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -79,6 +80,7 @@ enum fs_inj_need {
     /* the hook reports firing (fs_inject_fire): checked again after the run */
     FS_INJ_REPORTS = 1u << 13,
     FS_INJ_NEEDS_FLUX2 = 1u << 14, /* a FLUX.2 model: its packed column-parallel Linears exist */
+    FS_INJ_MATTERS_TXT_IDS_MOVE = 1u << 15, /* some rank's text ids differ from the text start's (FLUX.2) */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

@@ -110,6 +110,15 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
             return 1;
         }
     }
+    if (nd & FS_INJ_MATTERS_TXT_IDS_MOVE) {
+        int moves = 0;
+        for (int q = 0; q < p->sp && !moves; q++) moves = !ids_same_as_start(inp, 0, p->txt_lo[q], fs_par_txt_n(p, q));
+        if (!moves) {
+            snprintf(why, n, "every rank's text ids equal those at the start of the text (FLUX.1's are all zero), so "
+                             "the text rotates the same");
+            return 1;
+        }
+    }
     /* the broadcast values: only world rank 0 holds them under these injections (the others keep
      * zeros); the CLI's agreement makes rank 0's verdict every rank's */
     if ((nd & FS_INJ_MATTERS_VALUE) && p->rank == 0) {
