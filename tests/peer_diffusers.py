@@ -112,11 +112,17 @@ def main():
 
     with h5py.File(os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
         inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
-        sched_cfg = json.loads(ref.attrs["scheduler_config"])
+        # the reference's scheduler config; a flux-sim dump has none: FLUX.1-dev's, which FLUX.2
+        # ships too (its pipelines differ only in mu)
+        sched_cfg = (json.loads(ref.attrs["scheduler_config"]) if "scheduler_config" in ref.attrs else
+                     {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
+                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096})
     latents = inp["hidden_states"].float()
     prompt_embeds = inp["encoder_hidden_states"].float()
     B, S_img = latents.shape[0], latents.shape[1]
-    guidance = torch.full([1], float(inp["guidance"][0]), dtype=torch.float32).expand(B)
+    # klein and FLUX.1-schnell have no guidance embedder: the pipelines pass guidance=None
+    guidance = (torch.full([1], float(inp["guidance"][0]), dtype=torch.float32).expand(B)
+                if "guidance" in inp else None)
     pooled = None
     if f2:   # Flux2Pipeline's _prepare_latent_ids / _prepare_text_ids: int64 [B, S, 4]
         img_ids = inp["img_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)

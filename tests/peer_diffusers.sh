@@ -94,6 +94,30 @@ else
   bad "diffusers FLUX.1 run: $(tail -n 5 "$T/f1.h5.log")"
 fi
 
+# ---- d. a FLUX.2 config of our own, not the reference's: 6 heads of 16, unequal RoPE axes
+# (2, 4, 4, 6), mlp_ratio 2.5 (F = 240), 64 timestep channels, no guidance embedder (as klein),
+# 35 + 13 tokens; synthetic weights (make-checkpoint) and inputs (flux-sim): diffusers' real
+# Flux2Transformer2DModel must agree with flux-sim's replay, and the layouts must pass --check on it
+O=$T/f2odd; mkdir -p "$O"
+cat >"$O/config.json" <<'JSON'
+{"_class_name": "Flux2Transformer2DModel", "patch_size": 1, "in_channels": 8, "out_channels": null, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 6, "joint_attention_dim": 40, "timestep_guidance_channels": 64, "mlp_ratio": 2.5, "axes_dims_rope": [2, 4, 4, 6], "rope_theta": 2000, "eps": 1e-06, "guidance_embeds": false}
+JSON
+MC=${FLUX_BUILD:-build}/make-checkpoint
+if "$MC" -q --config "$O/config.json" --dtype f32 --weights-seed 7 "$O/ck" >"$O/log" 2>&1 && cp "$O/ck/diffusion_pytorch_model.safetensors" "$O/weights.safetensors" &&
+   "$SIM" --weights "$O/weights.safetensors" --grid 5x7 --txt-len 13 --steps 2 --dump "$O/dump_fp32.h5" -q </dev/null >>"$O/log" 2>&1; then
+  if peer flux2 "$O" "$T/f2odd.h5"; then
+    if replay "$O/weights.safetensors" "$T/f2odd.h5" "$T/f2oddref.h5"; then
+      judge "FLUX.2 config of our own (6x16, axes 2/4/4/6, mlp_ratio 2.5, no guidance): diffusers vs flux-sim" "$T/f2odd.h5" "$T/f2oddref.h5"
+    else bad "flux-sim cannot replay the odd FLUX.2 dump: $(tail -n 3 "$T/f2oddref.h5.log")"; fi
+    for L in "2|--tp 2" "3|--tp 3" "3|--ulysses 3" "3|--ring 3" "4|--tp 2 --ring 2"; do
+      n=${L%%|*}; args=${L#*|}
+      out=$(timeout 300 mpirun -np "$n" "$SIM" --weights "$O/weights.safetensors" --inputs "$T/f2odd.h5" --precision fp64 $args --check -q </dev/null 2>&1); rc=$?
+      [ $rc -eq 0 ] && grep -q "check: OK" <<<"$out" && ok "odd FLUX.2 config, diffusers' inputs, fp64 $args: --check OK" ||
+        bad "odd FLUX.2 $args: exit $rc $(grep -E 'DIVERGED|error' <<<"$out" | head -2)"
+    done
+  else bad "diffusers on the odd FLUX.2 config: $(tail -n 5 "$T/f2odd.h5.log")"; fi
+else bad "odd FLUX.2 config setup: $(tail -n 3 "$O/log")"; fi
+
 # ---- c. diffusers' context parallelism, per-rank dumps ----
 cp_case() {   # cp_case FAMILY REFDIR WEIGHTS MODE NAME
   local dir=$T/$5
