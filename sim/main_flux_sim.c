@@ -60,6 +60,10 @@ static void usage(FILE *f)
             "  --batch N             batch size, 1 to 64 [1]\n"
             "  --steps N             denoising steps, 1 to 1000000 [4]\n"
             "  --guidance G          guidance scale, for configs with a guidance embedder; |G| <= 10000 [3.5]\n"
+            "  --true-cfg-scale S    true classifier-free guidance (FluxPipeline's true_cfg_scale, FLUX.2\n"
+            "                        klein base's guidance_scale; S > 1): each step also runs the negative\n"
+            "                        prompt, v = v_neg + S (v - v_neg); its modules recorded as name@k [off]\n"
+            "  --neg-txt-len N       tokens of the negative prompt [--txt-len]\n"
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"
@@ -256,7 +260,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -279,6 +283,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"dump-modules", required_argument, 0, O_DUMP_MODULES}, {"dump-steps", required_argument, 0, O_DUMP_STEPS},
         {"estimate", no_argument, 0, O_ESTIMATE},     {"device-mem", required_argument, 0, O_DEVMEM},
         {"clean", required_argument, 0, O_CLEAN},
+        {"true-cfg-scale", required_argument, 0, O_TRUECFG}, {"neg-txt-len", required_argument, 0, O_NEGTXT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -341,6 +346,21 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             break;
         }
         case O_SCHED: o->scheduler = optarg; o->gen_opt_given = 1; break;
+        case O_TRUECFG: { /* FluxPipeline's true_cfg_scale / Flux2KleinPipeline's guidance_scale: > 1 */
+            char *end;
+            o->gen.true_cfg_scale = strtod(optarg, &end);
+            if (!*optarg || isspace((unsigned char)*optarg) || *end || !isfinite(o->gen.true_cfg_scale))
+                rc = fs_errf(e, FS_E_INPUT, "--true-cfg-scale: '%s' is not a number", optarg);
+            else if (!(o->gen.true_cfg_scale > 1 && o->gen.true_cfg_scale <= FS_MAX_GUIDANCE))
+                rc = fs_errf(e, FS_E_INPUT, "--true-cfg-scale: %s: the pipelines run true CFG for a scale > 1 (and "
+                                            "<= %g); 4.0 is klein base's default", optarg, FS_MAX_GUIDANCE);
+            o->gen_opt_given = 1;
+            break;
+        }
+        case O_NEGTXT:
+            rc = parse_int_in(optarg, "--neg-txt-len", 1, FS_MAX_TXT_TOKENS, "as --txt-len", &o->gen.neg_txt_len, e);
+            o->gen_opt_given = 1;
+            break;
         case O_DUMP: o->dump = optarg; break;
         case O_DPR: o->dump_per_rank = optarg; break;
         case O_CSTATS: o->comm_stats = 1; break;
@@ -425,7 +445,10 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
                        o->dump_modules ? "--dump-modules" : "--dump-steps");
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
-                                      "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler");
+                                      "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler/"
+                                      "--true-cfg-scale/--neg-txt-len");
+    if (o->gen.neg_txt_len && !(o->gen.true_cfg_scale > 0))
+        return fs_errf(e, FS_E_INPUT, "--neg-txt-len sets the negative prompt of true CFG: add --true-cfg-scale");
     return FS_OK;
 }
 

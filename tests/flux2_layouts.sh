@@ -57,6 +57,28 @@ for L in pipeline bfl; do
   else bad "$L vs diffusers checkpoint: $out"; fi
 done
 
+# true CFG (klein base; FluxPipeline's true_cfg_scale): a second call per step on a negative
+# prompt. Under every layout (TP takes a negative prompt of any length; sequence parallelism
+# needs the prompt's, else refused up front); the dump replays exactly.
+for L in "2|--tp 2 --neg-txt-len 6" "2|--ring 2" "2|--ulysses 2" "4|--tp 2 --ring 2"; do
+  n=${L%%|*}; args=${L#*|}
+  run "$n" --config flux2-default --true-cfg-scale 4 --grid 5x7 --txt-len 13 --steps 2 $args --check -q >"$T/log" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && grep -q "check: OK" "$T/log"; then ok "true CFG 4 $args: --check OK"
+  else bad "true CFG $args: exit $rc"; tail -3 "$T/log"; fi
+done
+run 2 --config flux2-default --true-cfg-scale 4 --grid 5x7 --txt-len 13 --neg-txt-len 6 --steps 1 --ring 2 -q >"$T/log" 2>&1; rc=$?
+if [ $rc -ne 0 ] && grep -q "error: true CFG under sequence parallelism (--ring) needs a negative prompt as long as the prompt (6 vs 13 text tokens)" "$T/log"; then
+  ok "true CFG with a shorter negative prompt under --ring 2: refused up front"
+else bad "true CFG negative length under SP: exit $rc $(head -2 "$T/log")"; fi
+run 1 --config flux2-default --true-cfg-scale 4 --grid 4x4 --txt-len 8 --neg-txt-len 5 --steps 2 --dump "$T/cfg.h5" -q >"$T/log" 2>&1 &&
+  run 1 --inputs "$T/cfg.h5" --dump "$T/cfg2.h5" -q >"$T/log" 2>&1
+if out=$($OR diff "$T/cfg2.h5" "$T/cfg.h5" --rtol 0 --mtol 0 --atol 0 -q 2>&1) && grep -q "^PASS" <<<"$out" &&
+   $PY -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r'); i = f['inputs']; sys.exit(not (i['negative_encoder_hidden_states'].shape == (1, 5, 128) and i['negative_txt_ids'].shape == (5, 4) and float(i['true_cfg_scale'][0]) == 4.0 and 'x_embedder@1' in [x.decode() if isinstance(x, bytes) else x for x in f['step_0000'].attrs['order']]))" "$T/cfg.h5"; then
+  ok "true CFG dump: /inputs holds the negative prompt and the scale, x_embedder@1 recorded, --inputs replays it exactly"
+else bad "true CFG dump/replay: $out"; fi
+"$SIM" --inputs "$T/cfg.h5" --true-cfg-scale 2 -q </dev/null >"$T/log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "cannot be combined" "$T/log" && ok "--true-cfg-scale with --inputs: refused (the dump decides)" || bad "--true-cfg-scale with --inputs: exit $rc"
+
 # 3. the bugs, where they live (fp32 and bf16)
 BUGS=("proj-out-contiguous|--tp 2|single_transformer_blocks.0.attn.to_out"
       "packed-colwise-contiguous|--tp 2|transformer_blocks.0.ff.act_fn.gate_fn"

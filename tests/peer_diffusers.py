@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--cp", choices=["ring", "ulysses"])
     ap.add_argument("--bug", choices=["timestep-rank1"])
+    ap.add_argument("--true-cfg", action="store_true",
+                    help="true CFG with the negative prompt and scale of REFDIR/dump_fp32.h5's /inputs: "
+                         "FluxPipeline's true_cfg_scale (FLUX.1), Flux2KleinPipeline's guidance_scale (FLUX.2)")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -131,6 +134,16 @@ def main():
         img_ids, txt_ids = inp["img_ids"].float(), inp["txt_ids"].float()
         pooled = inp["pooled_projections"].float()
 
+    neg = None   # true CFG: the pipelines' second call on the negative prompt
+    if a.true_cfg:
+        neg = dict(encoder_hidden_states=inp["negative_encoder_hidden_states"].float(), pooled_projections=None)
+        if f2:
+            neg["txt_ids"] = inp["negative_txt_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
+        else:
+            neg["txt_ids"] = inp["negative_txt_ids"].float()
+            neg["pooled_projections"] = inp["negative_pooled_projections"].float()
+        cfg_scale = float(inp["true_cfg_scale"][0])
+
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
     sigmas = np.linspace(1.0, 1 / N, N)
@@ -162,9 +175,14 @@ def main():
     producer = (f"diffusers {diffusers.__version__} {Model.__name__}"
                 f"{f' + enable_parallelism({a.cp} {world})' if a.cp else ''} + flux_dump; torch {torch.__version__} CPU")
     with torch.no_grad(), FluxDumper(path, model, producer=producer, **kw) as d:
+        extra = {}
+        if neg is not None:
+            extra = dict(true_cfg_scale=torch.tensor([cfg_scale], dtype=torch.float32),
+                         negative_encoder_hidden_states=neg["encoder_hidden_states"],
+                         negative_txt_ids=neg["txt_ids"], negative_pooled_projections=neg["pooled_projections"])
         d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
                        img_ids=img_ids, txt_ids=txt_ids, guidance=guidance, sigmas=scheduler.sigmas,
-                       timesteps=pipeline_timesteps(timesteps, latents.dtype))
+                       timesteps=pipeline_timesteps(timesteps, latents.dtype), **extra)
         for i, t in enumerate(timesteps):
             timestep = t.expand(B).to(latents.dtype) / 1000
             with d.step(i, timestep=timestep, sigma=scheduler.sigmas[i], sigma_next=scheduler.sigmas[i + 1]):
@@ -174,6 +192,12 @@ def main():
                 if not f2:
                     args["pooled_projections"] = pooled
                 v = model(**args)[0]
+                if neg is not None:   # FluxPipeline / Flux2KleinPipeline: cond, then uncond, then combine
+                    args.update(encoder_hidden_states=neg["encoder_hidden_states"], txt_ids=neg["txt_ids"])
+                    if not f2:
+                        args["pooled_projections"] = neg["pooled_projections"]
+                    vn = model(**args)[0]
+                    v = vn + cfg_scale * (v - vn)
                 latents = scheduler.step(v, t, latents, return_dict=False)[0]
                 d.record("latents_out", latents)
         d.final(latents)

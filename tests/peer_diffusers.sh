@@ -10,6 +10,8 @@
 #      module (time_guidance_embed.*, double_stream_modulation_img, pos_embed@1#k, ...);
 #      REF = flux-sim --weights W --inputs DUMP --dump REF; `flux-oracle diff DUMP REF`: PASS.
 #   b. FLUX.1: FluxTransformer2DModel on ../shared/reference/tiny, FluxPipeline's loop: PASS.
+#   d. a FLUX.2 config of our own (odd shapes, no guidance embedder) and e. true CFG as
+#      Flux2KleinPipeline and FluxPipeline run it (a negative prompt, v = v_neg + s·(v − v_neg)).
 #   c. diffusers' own context parallelism (enable_parallelism, ContextParallelConfig), 2 gloo
 #      processes on the CPU (three run-time patches, none changing what is computed: docs/peers.md):
 #      FLUX.2 ring 2 and Ulysses 2, FLUX.1 Ulysses 2, per-rank dumps judged with
@@ -117,6 +119,29 @@ if "$MC" -q --config "$O/config.json" --dtype f32 --weights-seed 7 "$O/ck" >"$O/
     done
   else bad "diffusers on the odd FLUX.2 config: $(tail -n 5 "$T/f2odd.h5.log")"; fi
 else bad "odd FLUX.2 config setup: $(tail -n 3 "$O/log")"; fi
+
+# ---- e. true CFG, as the pipelines run it: a second call per step on the negative prompt and
+# v = v_neg + s·(v − v_neg) (Flux2KleinPipeline's guidance_scale on the klein-like config of part d,
+# with a negative prompt of another length; FluxPipeline's true_cfg_scale on tiny, negative pooled
+# vector too). The hooks see the second call's modules as their next call: `name@k`.
+C2=$T/f2cfg C1=$T/f1cfg; mkdir -p "$C2" "$C1"
+cp "$O/config.json" "$O/weights.safetensors" "$C2/" 2>/dev/null
+cp "$REF/tiny/config.json" "$REF/tiny/weights.safetensors" "$C1/"
+"$SIM" --weights "$C2/weights.safetensors" --config "$C2/config.json" --grid 5x7 --txt-len 13 --neg-txt-len 9 --true-cfg-scale 4 \
+  --steps 2 --dump "$C2/dump_fp32.h5" -q </dev/null >"$C2.log" 2>&1 || bad "true CFG inputs (FLUX.2): $(tail -1 "$C2.log")"
+"$SIM" --weights "$C1/weights.safetensors" --config tiny --grid 4x4 --txt-len 8 --true-cfg-scale 3 \
+  --steps 2 --dump "$C1/dump_fp32.h5" -q </dev/null >"$C1.log" 2>&1 || bad "true CFG inputs (FLUX.1): $(tail -1 "$C1.log")"
+for fam in "flux2|$C2|FLUX.2 klein-like guidance_scale 4, negative prompt 9 of 13 tokens" "flux1|$C1|FLUX.1 tiny true_cfg_scale 3"; do
+  IFS='|' read -r f dir what <<<"$fam"
+  if peer "$f" "$dir" "$dir.diffusers.h5" --true-cfg; then
+    if replay "$dir/weights.safetensors" "$dir.diffusers.h5" "$dir.ref.h5"; then
+      judge "true CFG, $what: diffusers vs flux-sim" "$dir.diffusers.h5" "$dir.ref.h5"
+    else bad "flux-sim cannot replay the true-CFG dump ($f): $(tail -n 3 "$dir.ref.h5.log")"; fi
+  else bad "diffusers true CFG ($f): $(tail -n 5 "$dir.diffusers.h5.log")"; fi
+done
+n=$(attr "$C2.diffusers.h5" "sum(1 for x in f['step_0000'].attrs['order'] if (x.decode() if isinstance(x, bytes) else x) in ('x_embedder@1', 'time_guidance_embed.time_proj@1', 'pos_embed@3#1'))")
+[ "$n" = 3 ] && ok "the hooks name the negative call's modules as flux-sim does (x_embedder@1, time_proj@1, pos_embed@3#1)" ||
+  bad "true CFG names in diffusers' dump: $n of 3"
 
 # ---- c. diffusers' context parallelism, per-rank dumps ----
 cp_case() {   # cp_case FAMILY REFDIR WEIGHTS MODE NAME

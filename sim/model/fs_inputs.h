@@ -20,6 +20,14 @@ typedef struct fs_inputs {
     fs_tensor guidance;               /* [B], float64: the pipeline's value, e.g. 3.5 */
     fs_tensor sigmas;                 /* [n_steps + 1], float64, final 0 included */
     fs_tensor timesteps;              /* [n_steps], float64: exactly what the transformer gets */
+    /* True classifier-free guidance (FluxPipeline's true_cfg_scale, FLUX.2 klein base's
+     * guidance_scale): a second transformer call per step on the negative prompt, and
+     * v = v_neg + scale·(v − v_neg). true_cfg_scale 0: off, the negatives empty (ndim 0). */
+    double true_cfg_scale;
+    int S_neg;                        /* negative text tokens */
+    fs_tensor negative_encoder_hidden_states; /* [B, S_neg, joint_attention_dim], run dtype */
+    fs_tensor negative_pooled_projections;    /* [B, pooled_projection_dim] (FLUX.1; FLUX.2: empty) */
+    fs_tensor negative_txt_ids;               /* [S_neg, axes], float64 */
 } fs_inputs;
 
 /* Allocates every tensor for B, S_img, S_txt, n_steps (zero-filled); frees all on failure. */
@@ -30,6 +38,8 @@ void fs_inputs_free(fs_inputs *in);
  * schedule stay float64. --match bf16 makes the inputs in bfloat16 (as a bf16 pipeline would),
  * then converts them exactly to its float64 run. */
 int fs_inputs_convert(fs_inputs *in, fs_dtype dt, fs_err *e);
+/* Allocates the negative-prompt tensors for true CFG (zero-filled) and sets the scale. */
+int fs_inputs_alloc_negative(fs_inputs *in, const fs_config *c, fs_dtype dt, int S_neg, double scale, fs_err *e);
 /* A deep copy of src (same dtypes). */
 int fs_inputs_copy(fs_inputs *dst, const fs_inputs *src, fs_err *e);
 

@@ -1,6 +1,7 @@
 #include "fs_sampler.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,15 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
     if (c->family == FS_FLUX2)
         for (int l = 0; l < p->txt_len; l++) ((double *)in->txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     for (int b = 0; in->has_guidance && b < p->batch; b++) ((double *)in->guidance.data)[b] = p->guidance;
+    if (p->true_cfg_scale > 0) { /* the negative prompt: another draw, ids as the prompt's */
+        const int Sn = p->neg_txt_len > 0 ? p->neg_txt_len : p->txt_len;
+        if ((rc = fs_inputs_alloc_negative(in, c, dt, Sn, p->true_cfg_scale, e))) goto fail;
+        fill_normal(&in->negative_encoder_hidden_states, p->seed, "inputs.negative_encoder_hidden_states");
+        if (in->negative_pooled_projections.ndim)
+            fill_normal(&in->negative_pooled_projections, p->seed, "inputs.negative_pooled_projections");
+        if (c->family == FS_FLUX2)
+            for (int l = 0; l < Sn; l++) ((double *)in->negative_txt_ids.data)[(size_t)l * nax + nax - 1] = l;
+    }
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;
 fail:
@@ -94,6 +104,58 @@ static int slice_ids(const fs_tensor *ids, int64_t lo, int64_t hi, fs_tensor *y,
     return rc;
 }
 
+/* ---- true CFG: the second call's records ----
+ * The pipelines' forward hooks see every module of the negative call as that module's next call
+ * in the step, and a dump names call k `name@k` (`name#j` tuple elements after it: `pos_embed@3#0`).
+ * This recorder passes the first call's names through, counting the calls of each module, and
+ * renames the second call's: `name@k#j` → `name@(k + calls in the first)#j`. */
+typedef struct cfg_names {
+    fs_recorder inner;
+    int pass; /* 0: the prompt's call, 1: the negative prompt's */
+    int n, cap;
+    char (*base)[192];
+    int *calls;
+} cfg_names;
+
+static void split_name(const char *name, char *base, size_t bn, int *k, const char **tuple)
+{
+    const char *hash = strchr(name, '#'), *end = hash ? hash : name + strlen(name), *at = NULL;
+    for (const char *p = name; p < end; p++)
+        if (*p == '@') at = p;
+    *k = at ? atoi(at + 1) : 0;
+    snprintf(base, bn, "%.*s", (int)((at ? at : end) - name), name);
+    *tuple = hash ? hash : "";
+}
+
+static int cfg_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    cfg_names *c = ctx;
+    char base[192], renamed[256];
+    int k, i;
+    const char *tuple;
+    split_name(name, base, sizeof base, &k, &tuple);
+    for (i = 0; i < c->n && strcmp(c->base[i], base); i++) {}
+    if (c->pass == 0) {
+        if (i == c->n) {
+            if (c->n == c->cap) {
+                int cap = c->cap ? 2 * c->cap : 256;
+                char(*nb)[192] = realloc(c->base, (size_t)cap * sizeof *nb);
+                if (nb) c->base = nb;
+                int *nc = realloc(c->calls, (size_t)cap * sizeof *nc);
+                if (nc) c->calls = nc;
+                if (!nb || !nc) return fs_errf(e, FS_E_NOMEM, "out of memory");
+                c->cap = cap;
+            }
+            snprintf(c->base[c->n], sizeof c->base[0], "%s", base);
+            c->calls[c->n++] = 0;
+        }
+        if (k + 1 > c->calls[i]) c->calls[i] = k + 1;
+        return c->inner.fn(c->inner.ctx, name, t, sh, e);
+    }
+    snprintf(renamed, sizeof renamed, "%s@%d%s", base, k + (i < c->n ? c->calls[i] : 0), tuple);
+    return c->inner.fn(c->inner.ctx, renamed, t, sh, e);
+}
+
 /* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
 static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, fs_tensor *global, fs_err *e)
 {
@@ -133,7 +195,9 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     const fs_par *p = m->par;
     const int split = p && p->sp > 1;
     fs_backend *be = m->be;
-    fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0};
+    fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0}, nehs = {0}, npooled = {0}, ntid = {0};
+    cfg_names names = {.inner = m->rec};
+    const int cfg = in->true_cfg_scale > 0;
     double *ts = NULL;
     int rc;
     memset(latents, 0, sizeof *latents);
@@ -156,6 +220,21 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         (rc = slice_ids(&in->img_ids, local_pos ? 0 : ilo, (local_pos ? 0 : ilo) + (ihi - ilo), &iid, e)) ||
         (rc = slice_ids(&in->txt_ids, txt_local ? 0 : tlo, (txt_local ? 0 : tlo) + (thi - tlo), &tid, e)))
         goto out;
+    /* true CFG: the negative prompt, split like the prompt (the partition knows one text length) */
+    if (cfg && split && in->S_neg != in->S_txt) {
+        rc = fs_errf(e, FS_E_INPUT, "true CFG under sequence parallelism needs a negative prompt as long as the prompt "
+                                    "(%d vs %d text tokens)", in->S_neg, in->S_txt);
+        goto out;
+    }
+    /* one rank: the whole negative prompt, whatever its length; split: the prompt's range */
+    const int64_t nlo = split ? tlo : 0, nhi = split ? thi : in->S_neg;
+    if (cfg && ((rc = upload_tokens(be, m->dtype, &in->negative_encoder_hidden_states, nlo, nhi, &nehs, e)) ||
+                (in->negative_pooled_projections.ndim &&
+                 ((rc = fs_tensor_alloc_on(&npooled, be, m->dtype, in->negative_pooled_projections.ndim,
+                                           in->negative_pooled_projections.shape, e)) ||
+                  (rc = fs_tensor_upload(&npooled, &in->negative_pooled_projections, e)))) ||
+                (rc = slice_ids(&in->negative_txt_ids, txt_local ? 0 : nlo, (txt_local ? 0 : nlo) + (nhi - nlo), &ntid, e))))
+        goto out;
     if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
@@ -170,7 +249,22 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         if (m->rec.fn && (rc = m->rec.fn(m->rec.ctx, "latents_in", &lat, &img_shard, e))) break;
         fs_model ms = *m;
         ms.step = i;
-        rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, in->has_guidance ? in->guidance.data : NULL, &iid, &tid, &v, e);
+        if (cfg && m->rec.fn) { /* count the first call's module calls, rename the second's */
+            names.pass = 0;
+            names.n = 0;
+            ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
+        }
+        const double *g = in->has_guidance ? in->guidance.data : NULL;
+        rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
+        if (!rc && cfg) { /* v = v_neg + scale·(v − v_neg): the pipeline's ops, rounded as they are */
+            fs_tensor vn = {0};
+            names.pass = 1;
+            if (!(rc = fs_model_forward(&ms, &lat, &nehs, &npooled, ts, g, &iid, &ntid, &vn, e)) &&
+                !(rc = be->axpby(be, &v, 1.0, &vn, -1.0, e)))
+                rc = be->axpby(be, &v, in->true_cfg_scale, &vn, 1.0, e);
+            fs_tensor_free(&vn);
+            if (rc) fs_tensor_free(&v);
+        }
         if (rc) {
             fs_err_prefix(e, "step %d: ", i);
             break;
@@ -190,6 +284,11 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     }
 out:
     free(ts);
+    free(names.base);
+    free(names.calls);
+    fs_tensor_free(&nehs);
+    fs_tensor_free(&npooled);
+    fs_tensor_free(&ntid);
     fs_tensor_free(&lat);
     fs_tensor_free(&ehs);
     fs_tensor_free(&pooled);
@@ -215,13 +314,17 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
                         const fs_inject *inj, fs_err *e)
 {
     if (g->size == 1) return FS_OK;
-    int hdr[5] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance};
+    int hdr[6] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance, in->S_neg};
+    double scale = in->true_cfg_scale;
     fs_bcast(g, root, hdr, sizeof hdr);
+    fs_bcast(g, root, &scale, sizeof scale);
     int rc = FS_OK;
-    if (g->rank != root && (rc = fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e)))
+    if (g->rank != root && ((rc = fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e)) ||
+                            (scale > 0 && (rc = fs_inputs_alloc_negative(in, c, dt, hdr[5], scale, e)))))
         return rc; /* the root is already inside the broadcasts: the CLI ends the job */
     fs_tensor *all[] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &in->img_ids,
-                        &in->txt_ids, &in->sigmas};
+                        &in->txt_ids, &in->sigmas, &in->negative_encoder_hidden_states,
+                        &in->negative_pooled_projections, &in->negative_txt_ids};
     for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++)
         if (all[i]->ndim) rc = fs_bcast_t(g, root, all[i], e); /* FLUX.2: no pooled vector */
     if (!rc) rc = fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->timesteps, e)

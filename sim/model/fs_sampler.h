@@ -21,6 +21,11 @@ typedef struct fs_gen_params {
     int batch, grid_h, grid_w, txt_len, steps;
     double guidance;
     fs_sched_config sched;
+    /* true CFG (> 0): a negative prompt of neg_txt_len tokens (0: txt_len), its embeddings (and
+     * FLUX.1's pooled vector) standard normal keyed "inputs.negative_<name>", its ids as the
+     * prompt's */
+    double true_cfg_scale;
+    int neg_txt_len;
 } fs_gen_params;
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
 
@@ -36,7 +41,11 @@ typedef struct fs_step_hooks {
     void *ctx;
 } fs_step_hooks;
 
-/* The denoising loop: for i in 0..N-1, v = transformer(latents, t_i); latents += (σ_{i+1} − σ_i)·v,
+/* The denoising loop: for i in 0..N-1, v = transformer(latents, t_i) (with true CFG, a second call
+ * on the negative prompt and v = v_neg + scale·(v − v_neg), as FluxPipeline / Flux2KleinPipeline;
+ * that call's module outputs are recorded as the pipeline's hooks see a module's next call in the
+ * step: `name@k`, k counting on from the first call's, e.g. `x_embedder@1`,
+ * `time_text_embed.time_proj@2`); latents += (σ_{i+1} − σ_i)·v,
  * in the run dtype (the float32 Euler update of scheduler.step for fp32 runs). Records
  * `latents_in` before and `latents_out` after each forward through m->rec. `latents` is
  * allocated here and holds the final latents, global (gathered over the SP group when m->par

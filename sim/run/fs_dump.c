@@ -322,10 +322,13 @@ out:
 
 /* ---------- /inputs shapes, shared by the writer and the reader ---------- */
 
-enum { IN_HS, IN_EHS, IN_POOLED, IN_IMG, IN_TXT, IN_GUID, IN_SIG, IN_TS, IN_N };
+/* IN_CFG and after: true CFG's negative prompt (optional; all or none) and its scale */
+enum { IN_HS, IN_EHS, IN_POOLED, IN_IMG, IN_TXT, IN_GUID, IN_SIG, IN_TS, IN_CFG, IN_NEHS, IN_NPOOLED, IN_NTXT, IN_N };
 static const char *const in_names[IN_N] = {"hidden_states", "encoder_hidden_states", "pooled_projections",
                                            "img_ids",       "txt_ids",               "guidance",
-                                           "sigmas",        "timesteps"};
+                                           "sigmas",        "timesteps",             "true_cfg_scale",
+                                           "negative_encoder_hidden_states", "negative_pooled_projections",
+                                           "negative_txt_ids"};
 
 typedef struct in_shape {
     int present;
@@ -334,7 +337,7 @@ typedef struct in_shape {
 } in_shape;
 
 typedef struct in_sizes {
-    int B, S_img, S_txt, n;
+    int B, S_img, S_txt, n, S_neg;
 } in_sizes;
 
 /* Checks the /inputs datasets against the config and each other (B from hidden_states, S_txt
@@ -343,7 +346,7 @@ typedef struct in_sizes {
 static int check_inputs(const fs_config *c, const in_shape *s, const char *origin, in_sizes *z, fs_err *e)
 {
     const int f2 = c->family == FS_FLUX2, nax = fs_config_axes(c);
-    for (int k = 0; k < IN_N; k++) {
+    for (int k = 0; k < IN_CFG; k++) {
         if (k == IN_GUID || (f2 && k == IN_POOLED)) continue;
         if (!s[k].present)
             return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s missing: this dump cannot be replayed", origin, in_names[k]);
@@ -359,10 +362,22 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
         return fs_errf(e, FS_E_INPUT,
                        "%s: /inputs/guidance present, but the config has guidance_embeds = false (wrong config?)",
                        origin);
-    static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1};
+    /* true CFG: the scale and the negative prompt come together (FLUX.2: no pooled vector) */
+    const int cfg = s[IN_CFG].present;
+    for (int k = IN_NEHS; k < IN_N; k++) {
+        const int wanted = cfg && !(f2 && k == IN_NPOOLED);
+        if (wanted && !s[k].present)
+            return fs_errf(e, FS_E_INPUT, "%s: /inputs/true_cfg_scale present but /inputs/%s missing: this dump cannot be "
+                                          "replayed", origin, in_names[k]);
+        if (!wanted && s[k].present)
+            return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s present without %s", origin, in_names[k],
+                           cfg ? "a pooled vector in FLUX.2 (wrong config?)" : "/inputs/true_cfg_scale");
+    }
+    static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1, 1, 3, 2, 2};
     static const char *const sym[IN_N][3] = {
         {"B", "S_img", "in_channels"}, {"B", "S_txt", "joint_attention_dim"}, {"B", "pooled_projection_dim"},
-        {"S_img", "axes"}, {"S_txt", "axes"}, {"B"}, {"N+1"}, {"N"}};
+        {"S_img", "axes"}, {"S_txt", "axes"}, {"B"}, {"N+1"}, {"N"}, {"1"},
+        {"B", "S_neg", "joint_attention_dim"}, {"B", "pooled_projection_dim"}, {"S_neg", "axes"}};
     char symstr[IN_N][96];
     for (int k = 0; k < IN_N; k++) {
         size_t o = 0;
@@ -377,9 +392,14 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
     if (B < 1 || Si < 1 || St < 1 || N < 1 || B > INT32_MAX || Si > INT32_MAX || St > INT32_MAX || N > INT32_MAX)
         return fs_errf(e, FS_E_INPUT, "%s: /inputs sizes B=%lld S_img=%lld S_txt=%lld N=%lld must all be >= 1", origin,
                        (long long)B, (long long)Si, (long long)St, (long long)N);
+    const int64_t Sn = s[IN_NEHS].present && s[IN_NEHS].ndim == 3 ? s[IN_NEHS].shape[1] : 0;
+    if (cfg && (Sn < 1 || Sn > INT32_MAX))
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/negative_encoder_hidden_states has %lld tokens, must be >= 1", origin,
+                       (long long)Sn);
     const int64_t want[IN_N][3] = {
         {B, Si, c->in_channels}, {B, St, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Si, nax}, {St, nax},
         {B},                     {N + 1},                         {N},
+        {1},                     {B, Sn, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Sn, nax},
     };
     for (int k = 0; k < IN_N; k++) {
         if (!s[k].present) continue;
@@ -390,6 +410,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
             const char *l = sym[k][i], *from = "the config";
             if (!strcmp(l, "B") || !strcmp(l, "S_img")) from = "/inputs/hidden_states";
             else if (!strcmp(l, "S_txt")) from = "/inputs/encoder_hidden_states";
+            else if (!strcmp(l, "S_neg")) from = "/inputs/negative_encoder_hidden_states";
             else if (l[0] == 'N') from = "/inputs/timesteps", l = "N";
             else if (!strcmp(l, "axes")) from = "the config's axes_dims_rope", l = "axes";
             char got[96], exp[96], why[96] = "";
@@ -400,13 +421,18 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
                            symstr[k], exp, why);
         }
     }
-    *z = (in_sizes){(int)B, (int)Si, (int)St, (int)N};
+    *z = (in_sizes){(int)B, (int)Si, (int)St, (int)N, (int)Sn};
     return FS_OK;
 }
 
 static const fs_tensor *input_tensor(const fs_inputs *in, int k)
 {
+    static const fs_tensor none = {0}; /* IN_CFG: a scalar of fs_inputs, written and read apart */
     switch (k) {
+    case IN_CFG: return &none;
+    case IN_NEHS: return &in->negative_encoder_hidden_states;
+    case IN_NPOOLED: return &in->negative_pooled_projections;
+    case IN_NTXT: return &in->negative_txt_ids;
     case IN_HS: return &in->hidden_states;
     case IN_EHS: return &in->encoder_hidden_states;
     case IN_POOLED: return &in->pooled_projections;
@@ -798,6 +824,7 @@ int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e)
         s[k].present = k == IN_GUID ? in->has_guidance : t->data != NULL;
         s[k].ndim = t->ndim;
         for (int i = 0; i < t->ndim && i < FS_MAX_DIMS; i++) s[k].shape[i] = t->shape[i];
+        if (k == IN_CFG && in->true_cfg_scale > 0) s[k] = (in_shape){.present = 1, .ndim = 1, .shape = {1}};
     }
     in_sizes z;
     if ((rc = check_inputs(&d->cfg, s, d->tmp, &z, e))) {
@@ -812,8 +839,19 @@ int fs_dump_write_inputs(fs_dump *d, const fs_inputs *in, fs_err *e)
     hid_t g = H5Gcreate2(d->file, "inputs", H5P_DEFAULT, d->gcpl, H5P_DEFAULT);
     if (g < 0) return DUMP_FAIL(d, e, FS_E_IO, "%s: /inputs: cannot create: %s", d->tmp, h5_cause(cause));
     /* Everything in the run dtype, ids and schedule included, as the reference does. */
-    for (int k = 0; k < IN_N && !rc; k++)
-        if (s[k].present) rc = write_dataset(d, g, "/inputs", in_names[k], input_tensor(in, k), d->dt, e);
+    for (int k = 0; k < IN_N && !rc; k++) {
+        if (!s[k].present) continue;
+        if (k == IN_CFG) { /* the scale, a [1] dataset like guidance */
+            fs_tensor sc = {0};
+            if (!(rc = fs_tensor_alloc(&sc, FS_F64, 1, (int64_t[]){1}, e))) {
+                fs_tensor_set(&sc, 0, in->true_cfg_scale);
+                rc = write_dataset(d, g, "/inputs", in_names[k], &sc, d->dt, e);
+            }
+            fs_tensor_free(&sc);
+            continue;
+        }
+        rc = write_dataset(d, g, "/inputs", in_names[k], input_tensor(in, k), d->dt, e);
+    }
     H5Gclose(g);
     if (!rc) d->wrote_inputs = 1;
     return rc;
@@ -1099,14 +1137,23 @@ int fs_dump_read_inputs(const char *path, fs_dtype dt, fs_config *cfg, fs_inputs
     in->S_txt = z.S_txt;
     in->n_steps = z.n;
     in->has_guidance = s[IN_GUID].present;
+    in->S_neg = z.S_neg;
     for (int k = 0; k < IN_N; k++) {
         if (!s[k].present) continue;
         snprintf(p, sizeof p, "/inputs/%s", in_names[k]);
         if ((rc = fo_dataset_read(f, p, &ds, e))) goto out;
         /* Activations go to the run dtype; positions and the schedule stay float64 so a float32
          * file's values arrive unchanged and a float64 run keeps full precision. */
+        if (k == IN_CFG) { /* the true CFG scale, finite and > 0 */
+            in->true_cfg_scale = ds.data[0];
+            if (!(ds.data[0] > 0 && ds.data[0] < 1e6)) {
+                rc = fs_errf(e, FS_E_INPUT, "%s: %s is %g, must be a positive number below 1e6", path, p, ds.data[0]);
+                goto out;
+            }
+            continue;
+        }
         fs_tensor *t = (fs_tensor *)input_tensor(in, k);
-        fs_dtype tdt = k <= IN_POOLED ? dt : FS_F64;
+        fs_dtype tdt = k <= IN_POOLED || k == IN_NEHS || k == IN_NPOOLED ? dt : FS_F64;
         if ((rc = fs_tensor_alloc(t, tdt, ds.ndim, ds.shape, e))) {
             fs_err_prefix(e, "%s: %s: ", path, p);
             goto out;

@@ -439,6 +439,12 @@ static int configure_layout(fs_job *j, fs_err *e)
     j->par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&j->par, j->in.S_txt, j->in.S_img, e);
     if (!rc) rc = fs_inject_refuse(j->par.inject, &j->par, &j->cfg, &j->in, e); /* an --inject that cannot act: exit 2 */
+    /* true CFG's negative prompt is split like the prompt: the partition knows one text length */
+    if (!rc && j->in.true_cfg_scale > 0 && j->par.sp > 1 && j->in.S_neg != j->in.S_txt)
+        rc = fs_errf(e, FS_E_INPUT, "true CFG under sequence parallelism (%s%s) needs a negative prompt as long as the "
+                                    "prompt (%d vs %d text tokens); tensor parallelism alone takes any length",
+                     j->uly > 1 ? "--ulysses" : "--ring", j->uly > 1 && j->ring > 1 ? " x --ring" : "", j->in.S_neg,
+                     j->in.S_txt);
     if ((rc = fs_job_agree(world, rc, e))) return rc;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
