@@ -118,6 +118,9 @@ CASES=(
   "ulysses-early-read|2|--ulysses 2|0 transformer_blocks.0.attn.to_out.0"
   "packed-colwise-contiguous|2|--config flux2-default --tp 2|0 transformer_blocks.0.ff.act_fn.gate_fn"
   "txt-ids-local|2|--config flux2-default --ulysses 2|0 pos_embed@1#0"
+  "lse-base2|2|--ring 2|0 transformer_blocks.0.attn.to_out.0"
+  "lse-shard-offset|2|--ring 2|0 transformer_blocks.0.attn.to_out.0"
+  "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8|0 transformer_blocks.0.attn.to_out.0"
 )
 # every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
 kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')

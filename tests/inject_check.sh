@@ -42,6 +42,12 @@ CASES=(
   "ulysses-early-read|4|--ulysses 2 --ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
   "ulysses-early-read|4|--tp 2 --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 2, 3;"
   "nan-rank:0:single_transformer_blocks.2.attn:0|2|--ring 2|0 single_transformer_blocks.2.attn held by rank(s) 0;"
+  "lse-base2|2|--ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
+  "lse-base2|4|--ulysses 2 --ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
+  "lse-shard-offset|2|--ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
+  "lse-shard-offset|3|--ring 3 --ring-rotate p2p|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
+  "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
+  "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8 --lse-layout bsh|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
 )
 # Refused before any compute: ranks | options | expected: "cannot fire" or "fires but cannot change anything",
 # then a piece of the layout it ran under, then a piece of "it shows under ..." (the layouts named).
@@ -72,6 +78,10 @@ REFUSED=(
   "2|--ulysses 2 --grid 4x4 --txt-len 8 --inject ulysses-uneven-chunk|fires but cannot change anything|the sequence divides evenly over the 2 Ulysses ranks (12 tokens each)|it shows under --ulysses >= 2 with Ulysses shards of unequal length"
   "2|--ring 2 --guidance 0 --inject guidance-temp-bcast|fires but cannot change anything|every guidance value is 0|non-zero --guidance"
   "2|--ring 2 --grid 1x1 --txt-len 3 --inject rope-local-pos|fires but cannot change anything|every rank's token ids equal those at the start|it shows under --ulysses >= 2 or --ring >= 2"
+  "2|--tp 2 --inject lse-base2|cannot fire|tp 2 x ulysses 1 x ring 1: there is no ring attention|it shows under --ring >= 2"
+  "2|--ulysses 2 --inject lse-shard-offset|cannot fire|there is no ring attention|it shows under --ring >= 2"
+  "2|--ring 2 --inject lse-layout-guessed|fires but cannot change anything|no rank's ring attention has as many query tokens as heads (S_local 25, 23; H = 8)|it shows under --ring >= 2 with some rank's ring-attention query length equal to its local head count"
+  "4|--tp 2 --ring 2 --grid 2x4 --txt-len 8 --inject lse-layout-guessed|fires but cannot change anything|(S_local 8, 8; H = 4)|it shows under --ring >= 2 with some rank's ring-attention query length"
 )
 for c in "${REFUSED[@]}"; do
   IFS='|' read -r n opts kind where shows <<<"$c"

@@ -18,9 +18,11 @@
  *    is 16-bit storage, each op computes in float32 and rounds its result to bfloat16 once
  *    (round to nearest even), as PyTorch's CUDA kernels do. Per op below: what is rounded where.
  *  - LSE (log-sum-exp of attention) is float32 for float32 and bfloat16 runs, float64 for
- *    float64 runs, laid out in the backend's declared native layout `lse_layout`. Nothing ever
- *    infers a layout from a shape (the ROCm bug of ../shared/seeds/001): the ring merge reads
- *    [B, H, S] and the ring code converts explicitly with lse_convert.
+ *    float64 runs, in the backend's declared convention: its native layout `lse_layout`, its log
+ *    base `lse_base` and its offset semantics `lse_offset` (below). Nothing ever infers a layout
+ *    from a shape (the ROCm bug of ../shared/seeds/001) nor assumes a base or an offset: the ring
+ *    merge reads natural-log, uncentred [B, H, S], and the ring code (fs_seqpar.c) converts to it
+ *    explicitly from the declaration.
  *
  * Adding a backend: fill every member (docs/design.md, "Adding a backend"); the registry
  * (fs_backends.h: fs_backend_open) knows it by name. Layers: fs_tensor.h (shapes, host memory)
@@ -37,6 +39,21 @@ typedef enum fs_lse_layout {
 } fs_lse_layout;
 const char *fs_lse_layout_name(fs_lse_layout l); /* "bhs" / "bsh" */
 
+/* The rest of the LSE convention (docs/parallel.md §3.4, "LSE conventions"). The real backends
+ * (cpu, cpu-strict, cuda, hip) are FS_LSE_LN + FS_LSE_ABS, the zero values. The CPU backends can
+ * report the others, as another vendor's kernel would, for tests only:
+ * FLUX_SIM_LSE_CONVENTION=base2 | centred | base2,centred (read once, fs_backend_cpu()). */
+typedef enum fs_lse_base {
+    FS_LSE_LN = 0,   /* natural log: FA2/FA3, PyTorch SDPA, CK, and what the ring merge reads */
+    FS_LSE_LOG2 = 1, /* base 2: lse / ln 2 (kernels that work in exp2; pytorch#181645, flashinfer#4485) */
+} fs_lse_base;
+typedef enum fs_lse_offset {
+    FS_LSE_ABS = 0,    /* log Σ_j exp(scale·q_i·k_j): what the ring merge reads */
+    FS_LSE_MEAN_K = 1, /* computed against mean-centred K (AITER Sage's K smoothing, ROCm/aiter#3334):
+                          reported = true − δ_i, δ_i = scale·q_i·mean_j(k_j)ᵀ over this call's keys
+                          (per head), so δ differs per ring shard; before any base conversion */
+} fs_lse_offset;
+
 typedef struct fs_backend fs_backend;
 
 struct fs_backend {
@@ -46,6 +63,8 @@ struct fs_backend {
                                  use pointers into it directly (CPU); 0: stage through host
                                  buffers (GPU, cpu-strict) */
     fs_lse_layout lse_layout; /* the layout attention() writes its LSE in */
+    fs_lse_base lse_base;     /* ... its log base */
+    fs_lse_offset lse_offset; /* ... and what it is measured against */
 
     /* ---- memory; sizes and pitches in bytes ---- */
     int (*alloc)(fs_backend *be, size_t bytes, void **ptr, fs_err *e); /* not zeroed: see memset */
@@ -105,7 +124,8 @@ struct fs_backend {
     int (*rope)(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs_tensor *sin, fs_err *e);
     /* out[b,i,h,:] = softmax_j(scale · q[b,i,h,:]·k[b,j,h,:]) · v[b,j,h,:]. q [B,Sq,H,Dh],
      * k/v [B,Skv,H,Dh], out [B,Sq,H,Dh]. If lse is non-NULL it receives log-sum-exp of the scaled
-     * scores (natural log) in be->lse_layout, what a ring merge needs. bfloat16: q, k, v upcast,
+     * scores in the backend's declared convention (be->lse_layout, be->lse_base, be->lse_offset:
+     * on the real backends natural log, uncentred), what a ring merge needs. bfloat16: q, k, v upcast,
      * scores, softmax and P·V in float32, out rounded once. No S×S matrix need exist in memory. */
     int (*attention)(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                      const fs_tensor *v, double scale, fs_err *e);

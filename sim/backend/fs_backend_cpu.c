@@ -8,6 +8,7 @@
 #include <malloc.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -439,15 +440,90 @@ static int cpu_rope(fs_backend *be, fs_tensor *x, const fs_tensor *cos, const fs
     if (x->dtype == FS_BF16) return cpu_rope_bf16(x, cos, sin, e);
     DISPATCH(x->dtype, "rope", cpu_rope_f32, cpu_rope_f64, x, cos, sin);
 }
+/* ---- the LSE convention this backend reports (fs_backend.h) ----
+ * Natural log, uncentred by default. FLUX_SIM_LSE_CONVENTION (tests only) makes the CPU backends
+ * report what another vendor's kernel would: `base2` (lse / ln 2), `centred` (against mean-centred
+ * K, as AITER Sage: lse − scale·q_i·mean(K)ᵀ), or both ("base2,centred"), and declare it, so the
+ * ring code's explicit conversion (fs_seqpar.c) is exercised. A value it cannot read makes every
+ * attention fail with one line (ops never exit). */
+static char lse_env_err[160];
+
+static void lse_convention_from_env(fs_backend *be)
+{
+    const char *v = getenv("FLUX_SIM_LSE_CONVENTION");
+    if (!v || !*v) return;
+    char buf[64];
+    if (strlen(v) >= sizeof buf) {
+        snprintf(lse_env_err, sizeof lse_env_err, "FLUX_SIM_LSE_CONVENTION: too long (want base2, centred or base2,centred)");
+        return;
+    }
+    strcpy(buf, v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "base2")) be->lse_base = FS_LSE_LOG2;
+        else if (!strcmp(t, "e")) be->lse_base = FS_LSE_LN;
+        else if (!strcmp(t, "centred")) be->lse_offset = FS_LSE_MEAN_K;
+        else {
+            snprintf(lse_env_err, sizeof lse_env_err,
+                     "FLUX_SIM_LSE_CONVENTION: '%.40s' is not e, base2 or centred (comma-separated)", t);
+            return;
+        }
+    }
+}
+
+static double elem(const fs_tensor *t, int64_t i)
+{
+    switch (t->dtype) {
+    case FS_F32: return ((const float *)t->data)[i];
+    case FS_F64: return ((const double *)t->data)[i];
+    default: return fs_bf16_to_float(((const uint16_t *)t->data)[i]);
+    }
+}
+
+/* The natural-log, uncentred LSE the kernel wrote (layout `layout`) re-expressed in the declared
+ * convention: lse ← (lse − δ_i)·log2(e) as declared; δ_i = scale·q_i·mean_j(k_j)ᵀ per (b, h), in
+ * double. No keys: nothing to centre on (the LSE is −inf). */
+static int report_convention(const fs_backend *be, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k, double scale,
+                             fs_err *e)
+{
+    const int64_t B = q->shape[0], Sq = q->shape[1], H = q->shape[2], Dh = q->shape[3], Skv = k->shape[1];
+    double *km = be->lse_offset == FS_LSE_MEAN_K ? calloc((size_t)(B * H * Dh) + 1, sizeof(double)) : NULL;
+    if (be->lse_offset == FS_LSE_MEAN_K && !km) return fs_errf(e, FS_E_NOMEM, "cpu backend: out of memory for mean(K)");
+    if (km && Skv > 0)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Skv; j++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < Dh; d++) km[(b * H + h) * Dh + d] += elem(k, ((b * Skv + j) * H + h) * Dh + d) / (double)Skv;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Sq; i++) {
+                const int64_t at = be->lse_layout == FS_LSE_BHS ? (b * H + h) * Sq + i : (b * Sq + i) * H + h;
+                double x = lse->dtype == FS_F64 ? ((double *)lse->data)[at] : ((float *)lse->data)[at];
+                if (km && Skv > 0) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < Dh; d++) dot += elem(q, ((b * Sq + i) * H + h) * Dh + d) * km[(b * H + h) * Dh + d];
+                    x -= scale * dot;
+                }
+                if (be->lse_base == FS_LSE_LOG2) x *= M_LOG2E;
+                if (lse->dtype == FS_F64) ((double *)lse->data)[at] = x;
+                else ((float *)lse->data)[at] = (float)x;
+            }
+    free(km);
+    return FS_OK;
+}
+
 static int cpu_attention(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_tensor *q, const fs_tensor *k,
                          const fs_tensor *v, double scale, fs_err *e)
 {
+    if (*lse_env_err) return fs_errf(e, FS_E_INPUT, "%s", lse_env_err);
+    int rc;
     switch (q->dtype) {
-    case FS_F32: return cpu_attention_f32(out, lse, be->lse_layout, q, k, v, scale, e);
-    case FS_F64: return cpu_attention_f64(out, lse, be->lse_layout, q, k, v, scale, e);
-    case FS_BF16: return cpu_attention_bf16(out, lse, be->lse_layout, q, k, v, scale, e);
+    case FS_F32: rc = cpu_attention_f32(out, lse, be->lse_layout, q, k, v, scale, e); break;
+    case FS_F64: rc = cpu_attention_f64(out, lse, be->lse_layout, q, k, v, scale, e); break;
+    case FS_BF16: rc = cpu_attention_bf16(out, lse, be->lse_layout, q, k, v, scale, e); break;
+    default: return fs_errf(e, FS_E_INPUT, "cpu backend: attention on %s is not supported", fs_dtype_name(q->dtype));
     }
-    return fs_errf(e, FS_E_INPUT, "cpu backend: attention on %s is not supported", fs_dtype_name(q->dtype));
+    if (!rc && lse && (be->lse_base != FS_LSE_LN || be->lse_offset != FS_LSE_ABS)) rc = report_convention(be, lse, q, k, scale, e);
+    return rc;
 }
 static int cpu_lse_convert(fs_backend *be, fs_tensor *dst, fs_lse_layout dl, const fs_tensor *src, fs_lse_layout sl,
                            int64_t B, int64_t H, int64_t S, fs_err *e)
@@ -497,6 +573,7 @@ fs_backend *fs_backend_cpu(void)
          * so the heap is not returned to the OS between ops. */
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        lse_convention_from_env(&cpu); /* tests only: another vendor's LSE convention */
         tuned = 1;
     }
     return &cpu;

@@ -169,9 +169,12 @@ static int s_attention(fs_backend *be, fs_tensor *out, fs_tensor *lse, const fs_
                        const fs_tensor *v, double scale, fs_err *e)
 {
     T4(attention, out, q, k, v) fs_tensor lse_ = plain(lse, "attention", "lse", &rc, e);
-    /* the kernel writes the LSE in the layout this backend declares (settable, --lse-layout) */
+    /* the kernel writes the LSE in the convention this backend declares (layout settable with
+     * --lse-layout; base and offset the CPU backend's, FLUX_SIM_LSE_CONVENTION) */
     fs_backend shim = *CPU;
     shim.lse_layout = be->lse_layout;
+    shim.lse_base = be->lse_base;
+    shim.lse_offset = be->lse_offset;
     return rc ? rc : CPU->attention(&shim, &out_, P(lse), &q_, &k_, &v_, scale, e);
 }
 static int s_lse_convert(fs_backend *be, fs_tensor *dst, fs_lse_layout dl, const fs_tensor *src, fs_lse_layout sl, int64_t B,
@@ -199,6 +202,8 @@ static fs_backend strict = {
 
 fs_backend *fs_backend_cpu_strict(void)
 {
-    fs_backend_cpu(); /* the same malloc tuning as the CPU backend (same allocations underneath) */
+    const fs_backend *cpu = fs_backend_cpu(); /* the same malloc tuning (same allocations underneath) */
+    strict.lse_base = cpu->lse_base;          /* and the same reported LSE convention */
+    strict.lse_offset = cpu->lse_offset;
     return &strict;
 }

@@ -90,6 +90,23 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                               FS_INJ_NEEDS_SP | FS_INJ_MATTERS_TXT_IDS_MOVE,
                               "--ulysses >= 2 or --ring >= 2 on a model whose text tokens have positions (FLUX.2; "
                               "FLUX.1's text ids are all zero), e.g. --config flux2-default --ring 2"},
+    [FS_INJ_LSE_BASE2] = {"lse-base2",
+                          "ring merge takes a natural-log LSE for base 2 and multiplies it by ln 2 (or a base-2 "
+                          "LSE for natural log)",
+                          "pytorch#181645 (flex_attention FLASH backend, fix #181824)", FS_INJ_NEEDS_RING | FS_INJ_REPORTS,
+                          "--ring >= 2 (allgather or p2p), alone or with --ulysses/--tp (e.g. --ring 2)"},
+    [FS_INJ_LSE_SHARD_OFFSET] = {"lse-shard-offset",
+                                 "ring merge ignores the LSE's per-shard offset: a kernel's LSE against mean-centred K "
+                                 "(lse − scale·q·mean(K_shard)) merged uncorrected, or an uncentred one 'corrected'",
+                                 "ROCm/aiter#3334 (AITER Sage K smoothing)", FS_INJ_NEEDS_RING | FS_INJ_REPORTS,
+                                 "--ring >= 2 (allgather or p2p), alone or with --ulysses/--tp (e.g. --ring 2); the "
+                                 "error grows with the ring degree"},
+    [FS_INJ_LSE_LAYOUT_GUESSED] = {"lse-layout-guessed",
+                                   "ring code infers the LSE layout from its sizes: when a rank's query tokens equal its "
+                                   "heads (S_local == H) it guesses the other vendor's layout and transposes the LSE",
+                                   "vllm-omni#5543", FS_INJ_NEEDS_RING | FS_INJ_MATTERS_SQ_EQ_H | FS_INJ_REPORTS,
+                                   "--ring >= 2 with some rank's ring-attention query length equal to its local head "
+                                   "count (e.g. the default 8 heads, --ring 2 --grid 2x4 --txt-len 8: 8 tokens a rank)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},
@@ -110,7 +127,7 @@ const fs_inject_info *fs_inject_info_of(fs_inj_id id) { return id >= 0 && id < F
 
 const char *fs_inject_catalogue(void)
 {
-    static char buf[8192];
+    static char buf[16384];
     size_t o = 0;
     for (int i = 0; i < FS_INJ_COUNT && o < sizeof buf; i++) {
         o += (size_t)snprintf(buf + o, sizeof buf - o, "  %-26s %s%s%s%s\n", cat[i].name, cat[i].what,
@@ -159,11 +176,36 @@ int fs_inject_strikes(const fs_inject_at *at, int rank, const char *module, int 
     return rank == at->rank && step == at->step && !strcmp(module, at->module);
 }
 
-int fs_inject_lse_layout_assumed(const fs_inject *in, int declared)
+int fs_inject_lse_layout_assumed(const fs_inject *in, int declared, int64_t S, int64_t H)
 {
     /* FS_LSE_BHS = 0, FS_LSE_BSH = 1 (fs_backend.h) */
-    if (!fs_injected(in, FS_INJ_LSE_LAYOUT)) return declared;
-    fs_inject_fire(FS_INJ_LSE_LAYOUT);
+    if (fs_injected(in, FS_INJ_LSE_LAYOUT)) {
+        fs_inject_fire(FS_INJ_LSE_LAYOUT);
+        return !declared;
+    }
+    /* lse-layout-guessed: the sizes of [B, ?, ?] tell (B,H,S) from (B,S,H) only when S != H; when
+     * they cannot (and transposing moves something: H > 1), the guess is the layout the code was
+     * written for — the other vendor's */
+    if (fs_injected(in, FS_INJ_LSE_LAYOUT_GUESSED) && S == H && H > 1) {
+        fs_inject_fire(FS_INJ_LSE_LAYOUT_GUESSED);
+        return !declared;
+    }
+    return declared;
+}
+
+int fs_inject_lse_base_assumed(const fs_inject *in, int declared)
+{
+    /* FS_LSE_LN = 0, FS_LSE_LOG2 = 1 */
+    if (!fs_injected(in, FS_INJ_LSE_BASE2)) return declared;
+    fs_inject_fire(FS_INJ_LSE_BASE2);
+    return !declared;
+}
+
+int fs_inject_lse_offset_assumed(const fs_inject *in, int declared)
+{
+    /* FS_LSE_ABS = 0, FS_LSE_MEAN_K = 1 */
+    if (!fs_injected(in, FS_INJ_LSE_SHARD_OFFSET)) return declared;
+    fs_inject_fire(FS_INJ_LSE_SHARD_OFFSET);
     return !declared;
 }
 

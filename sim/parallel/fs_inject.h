@@ -29,6 +29,9 @@ typedef enum fs_inj_id {
     FS_INJ_FAIL_RANK,
     FS_INJ_PACKED_COLWISE_CONTIGUOUS,
     FS_INJ_TXT_IDS_LOCAL,
+    FS_INJ_LSE_BASE2,
+    FS_INJ_LSE_SHARD_OFFSET,
+    FS_INJ_LSE_LAYOUT_GUESSED,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -81,6 +84,7 @@ enum fs_inj_need {
     FS_INJ_REPORTS = 1u << 13,
     FS_INJ_NEEDS_FLUX2 = 1u << 14, /* a FLUX.2 model: its packed column-parallel Linears exist */
     FS_INJ_MATTERS_TXT_IDS_MOVE = 1u << 15, /* some rank's text ids differ from the text start's (FLUX.2) */
+    FS_INJ_MATTERS_SQ_EQ_H = 1u << 16, /* some rank's ring attention has as many query tokens as heads (> 1) */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;
@@ -105,9 +109,17 @@ typedef struct fs_inject_linear {
     int bias_before_reduce; /* rowwise-bias-every-rank: the bias added on every rank before the all-reduce */
 } fs_inject_linear;
 
-/* The LSE layout the ring code assumes the attention kernel handed back: the kernel's declared
- * one, or — lse-layout, seed 001 — the other one (a layout guessed instead of read). */
-int fs_inject_lse_layout_assumed(const fs_inject *in, int declared);
+/* The LSE convention the ring code assumes the attention kernel handed back (fs_backend.h's
+ * enums as ints: this header stays a leaf). Without an injection, the kernel's declared one.
+ * Layout: lse-layout (seed 001), the other one (a layout assumed instead of read);
+ * lse-layout-guessed (B10, vllm-omni#5543), guessed from the LSE's sizes [B, S, H] — right when
+ * S != H, and when the sizes cannot tell (S == H) the layout the code was written for, the other
+ * vendor's. Base: lse-base2 (B9, pytorch#181645), the other base (a natural-log LSE multiplied by
+ * ln 2 again). Offset: lse-shard-offset (B8, ROCm/aiter#3334), the other semantics (a mean-centred
+ * LSE merged uncorrected; an uncentred one "corrected"). */
+int fs_inject_lse_layout_assumed(const fs_inject *in, int declared, int64_t S, int64_t H);
+int fs_inject_lse_base_assumed(const fs_inject *in, int declared);
+int fs_inject_lse_offset_assumed(const fs_inject *in, int declared);
 /* nan-rank / fail-rank: does the fault strike on `rank` at (`module`, `step`)? */
 int fs_inject_strikes(const fs_inject_at *at, int rank, const char *module, int step);
 

@@ -118,17 +118,24 @@ typedef struct ring_state {
     fs_tensor *o;
     int64_t B, Sq, h;
     double scale;
-    /* The kernel writes its LSE in the backend's declared layout; the merge reads [B, H, S]: the
-     * conversion is explicit and uses the declared layout, never a shape (seed 001). `assumed`
-     * is that declared layout — or, under --inject lse-layout, the other one, as code that
-     * guessed it would; `raw` receives the kernel's LSE when a conversion is needed. */
+    /* The kernel writes its LSE in the backend's declared convention (fs_backend.h: layout, log
+     * base, offset); the merge reads natural-log, uncentred [B, H, S]: the conversion
+     * (ring_lse_to_natural) is explicit and uses the declaration, never a shape (seed 001) nor a
+     * habit. `assumed`, `base`, `offset` are the declared convention — or, under the LSE
+     * injections, a wrong one, as the buggy code assumed it; `raw` receives the kernel's LSE
+     * when a layout conversion is needed. */
     fs_lse_layout assumed;
+    fs_lse_base base;
+    fs_lse_offset offset;
     int no_lse; /* --inject ring-no-lse: partials averaged, the LSEs ignored */
     /* The running output acc: o itself, or for bfloat16 the float32 accumulator acc32 —
      * diffusers' convert_to_fp32=True: each partial (rounded once by the kernel) is upcast and
      * merged in float32, and the result rounded once at the end (oi32: the upcast partial). */
     fs_tensor *acc;
     fs_tensor oi, lse, lsei, raw, acc32, oi32;
+    /* the offset correction (offset == FS_LSE_MEAN_K): δ [B, h, Sq]; the zero query [B, 1, h, Dh]
+     * and mean(K) [B, 1, h, Dh]; q (and each K chunk) upcast to the LSE's dtype in bf16 runs */
+    fs_tensor delta, q0, kmean, q32, k32;
     int have; /* chunks merged into (acc, lse) so far */
 } ring_state;
 
@@ -140,6 +147,11 @@ static void ring_free(ring_state *st)
     fs_tensor_free(&st->raw);
     fs_tensor_free(&st->acc32);
     fs_tensor_free(&st->oi32);
+    fs_tensor_free(&st->delta);
+    fs_tensor_free(&st->q0);
+    fs_tensor_free(&st->kmean);
+    fs_tensor_free(&st->q32);
+    fs_tensor_free(&st->k32);
 }
 
 /* q [B, Sq, h, Dh], o [B, Sq, h, Dh]: the buffers of the running merge. */
@@ -148,13 +160,22 @@ static int ring_start(ring_state *st, const fs_par *p, fs_backend *be, fs_tensor
     const fs_dtype dt = q->dtype, ldt = dt == FS_F64 ? FS_F64 : FS_F32; /* LSE: float32 (float64 runs: float64) */
     const int64_t B = q->shape[0], Sq = q->shape[1], h = q->shape[2], Dh = q->shape[3];
     *st = (ring_state){.be = be, .q = q, .o = o, .B = B, .Sq = Sq, .h = h, .scale = 1.0 / sqrt((double)Dh), .acc = o};
-    st->assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)be->lse_layout); /* --inject lse-layout */
+    /* the declared convention, read here (--inject lse-layout, lse-layout-guessed, lse-base2 and
+     * lse-shard-offset substitute a wrong one) */
+    st->assumed = (fs_lse_layout)fs_inject_lse_layout_assumed(p->inject, (int)be->lse_layout, Sq, h);
+    st->base = (fs_lse_base)fs_inject_lse_base_assumed(p->inject, (int)be->lse_base);
+    st->offset = (fs_lse_offset)fs_inject_lse_offset_assumed(p->inject, (int)be->lse_offset);
     st->no_lse = fs_injected(p->inject, FS_INJ_RING_NO_LSE);
     int64_t sl[3] = {B, h, Sq};
     int rc;
     if ((rc = alloc4(be, &st->oi, dt, B, Sq, h, Dh, e)) || (rc = fs_tensor_alloc_on(&st->lse, be, ldt, 3, sl, e)) ||
         (rc = fs_tensor_alloc_on(&st->lsei, be, ldt, 3, sl, e)) ||
         (st->assumed != FS_LSE_BHS && (rc = fs_tensor_alloc_on(&st->raw, be, ldt, 3, sl, e))))
+        return rc;
+    if (st->offset == FS_LSE_MEAN_K &&
+        ((rc = fs_tensor_alloc_on(&st->delta, be, ldt, 3, sl, e)) || (rc = alloc4(be, &st->q0, ldt, B, 1, h, Dh, e)) ||
+         (rc = alloc4(be, &st->kmean, ldt, B, 1, h, Dh, e)) ||
+         (dt != ldt && ((rc = alloc4(be, &st->q32, ldt, B, Sq, h, Dh, e)) || (rc = be->convert(be, &st->q32, q, e))))))
         return rc;
     if (dt != ldt) {
         if ((rc = alloc4(be, &st->acc32, ldt, B, Sq, h, Dh, e)) || (rc = alloc4(be, &st->oi32, ldt, B, Sq, h, Dh, e)))
@@ -176,6 +197,47 @@ static int ring_merge_partial(ring_state *st, fs_err *e)
     return be->ring_merge(be, st->acc, &st->lse, &st->oi, &st->lsei, e);
 }
 
+/* The LSE of one partial, lse [B, h, Sq] (already in the merge's layout), converted from the
+ * convention the kernel reported it in to natural log, uncentred — in place.
+ *
+ * Why here, and only here: the merge rule σ(lse_i − lse) is the softmax weight of chunk i only
+ * when every LSE is log_e Σ exp(scores) against the same origin. A base-2 LSE puts a factor
+ * 1/ln 2 into the exponent (pytorch#181645's finalizer got this wrong the other way round); an
+ * LSE against mean-centred K is short by δ_i = scale·q_i·mean(K_chunk)ᵀ, which differs per chunk,
+ * so the chunks' weights are off by exp(δ_j − δ_k) and nothing cancels (ROCm/aiter#3334). The
+ * backend declares what it reports (fs_backend.h); this function is the one owner of the
+ * arithmetic that undoes it, so no kernel and no merge assumes a convention. Order: the reported
+ * value is (lse − δ)·log2(e), so base first, then the offset.
+ *
+ * δ is computed with the backend's own ops: mean(K) as attention of a zero query (every score 0:
+ * uniform weights), then per (b, head) a [Sq, Dh]·[Dh] GEMM of the queries with it — in the LSE's
+ * dtype (float32 for bfloat16 runs: q and the chunk upcast). */
+static int ring_lse_to_natural(ring_state *st, fs_tensor *lse, const fs_tensor *kc, fs_err *e)
+{
+    fs_backend *be = st->be;
+    int rc = FS_OK;
+    if (st->base == FS_LSE_LOG2 && (rc = be->axpby(be, lse, M_LN2, lse, 0.0, e))) return rc; /* log2 → ln */
+    if (st->offset != FS_LSE_MEAN_K) return FS_OK;
+    const fs_dtype ldt = lse->dtype;
+    const int64_t B = st->B, Sq = st->Sq, h = st->h, Dh = st->q->shape[3], n = kc->shape[1];
+    const fs_tensor *q = st->q32.data ? &st->q32 : st->q, *k = kc;
+    fs_tensor_free(&st->k32);
+    if (kc->dtype != ldt) {
+        if ((rc = alloc4(be, &st->k32, ldt, B, n, h, Dh, e)) || (rc = be->convert(be, &st->k32, kc, e))) return rc;
+        k = &st->k32;
+    }
+    if ((rc = be->attention(be, &st->kmean, NULL, &st->q0, k, k, 1.0, e))) return rc; /* mean_j k_j per (b, head) */
+    const size_t es = fs_dtype_size(ldt);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hh = 0; hh < h; hh++) {
+            const char *qa = (const char *)q->data + (size_t)((b * Sq * h + hh) * Dh) * es,
+                       *km = (const char *)st->kmean.data + (size_t)((b * h + hh) * Dh) * es;
+            char *d = (char *)st->delta.data + (size_t)((b * h + hh) * Sq) * es;
+            if ((rc = be->gemm(be, ldt, Sq, 1, Dh, qa, h * Dh, km, Dh, NULL, d, 1, e))) return rc;
+        }
+    return be->axpby(be, lse, 1.0, &st->delta, st->scale, e); /* lse + δ, δ = scale·q·mean(K)ᵀ */
+}
+
 /* Attention of the queries against one K/V chunk [B, n, h, Dh], merged in. An empty chunk, or
  * no queries, contributes nothing. */
 static int ring_step(ring_state *st, const fs_tensor *kc, const fs_tensor *vc, fs_err *e)
@@ -187,6 +249,7 @@ static int ring_step(ring_state *st, const fs_tensor *kc, const fs_tensor *vc, f
     int rc = be->attention(be, out, st->assumed == FS_LSE_BHS ? lse : &st->raw, st->q, kc, vc, st->scale, e);
     if (!rc && st->assumed != FS_LSE_BHS)
         rc = be->lse_convert(be, lse, FS_LSE_BHS, &st->raw, st->assumed, st->B, st->h, st->Sq, e);
+    if (!rc && (st->base != FS_LSE_LN || st->offset != FS_LSE_ABS)) rc = ring_lse_to_natural(st, lse, kc, e);
     if (!rc) rc = ring_merge_partial(st, e);
     if (!rc) st->have++;
     return rc;

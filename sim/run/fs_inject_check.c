@@ -99,6 +99,26 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
             return 1;
         }
     }
+    if (nd & FS_INJ_MATTERS_SQ_EQ_H) {
+        /* each ring member j attends with its chunk's queries (its tokens, or under USP its
+         * Ulysses group's S_u) over h = heads / (tp·ulysses) local heads */
+        const int h = c->num_attention_heads / (p->tp * p->ulysses);
+        int any = 0;
+        char sizes[160] = "";
+        size_t o = 0;
+        for (int j = 0; j < p->ring; j++) {
+            const int64_t t = fs_seqpar_ring_chunk(p, j);
+            if (t == h && h > 1) any = 1;
+            if (o < sizeof sizes)
+                o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%lld", j ? ", " : "", (long long)t);
+        }
+        if (!any) {
+            snprintf(why, n, "no rank's ring attention has as many query tokens as heads (S_local %s; H = %d%s), so "
+                             "the LSE's sizes tell (B,H,S) from (B,S,H) and the guess is right",
+                     sizes, h, h == 1 ? ", and one head transposes to itself" : "");
+            return 1;
+        }
+    }
     if (nd & FS_INJ_MATTERS_IDS_MOVE) {
         int moves = 0;
         for (int q = 0; q < p->sp && !moves; q++)
