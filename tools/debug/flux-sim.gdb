@@ -11,9 +11,20 @@
 # ptrace cannot read, still goes through the inferior call (cuda-gdb handles it there).
 
 # --break-on-divergence calls fs_check_break (which raises SIGTRAP); stopping at its entry puts
-# `dv` (struct fs_divergence) in scope. `up 4` is then the layer itself (fs_linear, fs_qk_norm, ...).
+# `dv` (struct fs_divergence) in scope. `fs-layer` then selects the layer itself (fs_linear,
+# fs_qk_norm, ...).
 set breakpoint pending on
 break fs_check_break
+
+define fs-layer
+  frame function fs_layer_record
+  up
+end
+document fs-layer
+From fs_check_break, select the layer function whose record diverged (fs_linear, fs_qk_norm, ...):
+the caller of fs_layer_record. The number of frames between them depends on the build's inlining
+and tail calls (4 at -O2, 5 in make sanitize's -O1 build), so count none.
+end
 
 define fs-where
   printf "flux-sim: step %d, module %s\n", fs_debug_step, fs_debug_module

@@ -17,6 +17,6 @@ out_opt=()
 [ -n "${FLUX_WALKTHROUGH_OUT:-}" ] && out_opt=(--output-filename "$FLUX_WALKTHROUGH_OUT")
 timeout 300 mpirun --oversubscribe "${out_opt[@]}" -np 2 \
   gdb -q -batch -x tools/debug/flux-sim.gdb -ex 'set may-call-functions off' \
-      -ex run -ex fs-divergence -ex fs-where -ex "up 4" -ex "info args" \
+      -ex run -ex fs-divergence -ex fs-where -ex fs-layer -ex "info args" \
       --args ${FLUX_BUILD:-build}/flux-sim --tp 2 --grid 5x7 --txt-len 13 --steps 2 --check -q \
              --inject missing-allreduce --break-on-divergence
