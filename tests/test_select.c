@@ -44,16 +44,17 @@ static void shrink(fs_config *c)
 }
 
 /* One step of a real run of cfg records exactly fs_record_names' list. Returns the list's length. */
-static int check_agrees(const char *label, const fs_config *cfg)
+static int check_agrees(const char *label, const fs_config *cfg, double true_cfg)
 {
     fs_err e = {0};
     fs_names l;
     int known = 0;
-    assert_int_equal(fs_record_names(cfg, &l, &known, &e), 0);
+    assert_int_equal(fs_record_names(cfg, true_cfg > 0, &l, &known, &e), 0);
     assert_true(known);
     fs_weights w;
     if (fs_weights_synthetic(&w, cfg, FS_F32, 0, &e)) fail_msg("%s: %s", label, e.msg);
-    fs_gen_params gp = {.seed = 1, .batch = 1, .grid_h = 2, .grid_w = 2, .txt_len = 3, .steps = 1, .guidance = 3.5};
+    fs_gen_params gp = {.seed = 1, .batch = 1, .grid_h = 2, .grid_w = 2, .txt_len = 3, .steps = 1, .guidance = 3.5,
+                        .true_cfg_scale = true_cfg};
     assert_int_equal(fs_sched_preset(&gp.sched, "dev", NULL), 0);
     fs_inputs in;
     if (fs_inputs_generate(&in, cfg, FS_F32, &gp, &e)) fail_msg("%s: %s", label, e.msg);
@@ -69,8 +70,8 @@ static int check_agrees(const char *label, const fs_config *cfg)
         fail_msg("%s: the names list and the run differ at record %d: listed '%s', recorded '%s' (%d listed, %d "
                  "recorded)",
                  label, first, first < l.n ? l.v[first] : "(end)", first < s.n ? s.v[first] : "(end)", l.n, s.n);
-    printf("  [%s] %d names (%d double + %d single blocks, guidance %d): the list = the run\n", label, l.n,
-           cfg->num_layers, cfg->num_single_layers, cfg->guidance_embeds);
+    printf("  [%s%s] %d names (%d double + %d single blocks, guidance %d): the list = the run\n", label,
+           true_cfg > 0 ? ", true CFG" : "", l.n, cfg->num_layers, cfg->num_single_layers, cfg->guidance_embeds);
     int n = l.n;
     for (int i = 0; i < s.n; i++) free(s.v[i]);
     free(s.v);
@@ -91,14 +92,15 @@ static void test_names_agree_with_runs(void **state)
         assert_int_equal(fs_config_preset(&c, *p, &e), 0);
         fs_names l;
         int known = 0;
-        assert_int_equal(fs_record_names(&c, &l, &known, &e), 0);
+        assert_int_equal(fs_record_names(&c, 0, &l, &known, &e), 0);
         fs_names_free(&l);
         if (!known) { /* a family without a list (FLUX.2): checked at the end of its first step */
             printf("  [%s] no names list for this family: --dump-modules is checked after the first step\n", *p);
             continue;
         }
         shrink(&c);
-        check_agrees(*p, &c);
+        check_agrees(*p, &c, 0);
+        check_agrees(*p, &c, 3.0); /* a second, negative-prompt call per step, renamed name@k */
         checked++;
     }
     assert_true(checked >= 3); /* default, flux-dev, flux-schnell at least */
@@ -109,9 +111,9 @@ static void test_names_agree_with_runs(void **state)
     for (int g = 0; g < 2; g++) {
         c.guidance_embeds = g;
         c.num_layers = 0, c.num_single_layers = 2;
-        check_agrees(g ? "no double blocks, guidance" : "no double blocks, no guidance", &c);
+        check_agrees(g ? "no double blocks, guidance" : "no double blocks, no guidance", &c, 0);
         c.num_layers = 3, c.num_single_layers = 0;
-        check_agrees(g ? "no single blocks, guidance" : "no single blocks, no guidance", &c);
+        check_agrees(g ? "no single blocks, guidance" : "no single blocks, no guidance", &c, 0);
     }
 }
 
@@ -121,7 +123,7 @@ static int check_sel(const char *globs, const char *preset, fs_err *e)
     assert_int_equal(fs_config_preset(&c, preset, NULL), 0);
     fs_select s;
     assert_int_equal(fs_select_parse(&s, globs, NULL, e), 0);
-    int rc = fs_select_check_model(&s, &c, e);
+    int rc = fs_select_check_model(&s, &c, 0, e);
     fs_select_free(&s);
     return rc;
 }
@@ -148,6 +150,16 @@ static void test_check_model(void **state)
     assert_int_equal(check_sel("\033[2Jx,a\nb", "default", &e), FS_E_INPUT);
     assert_null(strchr(e.msg, '\n'));
     assert_null(strchr(e.msg, '\033'));
+    /* the negative call's records (true CFG) match only when the run makes that call */
+    {
+        fs_config c;
+        assert_int_equal(fs_config_preset(&c, "default", NULL), 0);
+        fs_select s;
+        assert_int_equal(fs_select_parse(&s, "x_embedder@1,time_text_embed.time_proj@3", NULL, &e), 0);
+        assert_int_equal(fs_select_check_model(&s, &c, 0, &e), FS_E_INPUT);
+        assert_int_equal(fs_select_check_model(&s, &c, 1, &e), 0);
+        fs_select_free(&s);
+    }
     /* no globs: nothing to check */
     assert_int_equal(check_sel(NULL, "default", &e), 0);
 }

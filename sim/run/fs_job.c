@@ -279,7 +279,8 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
             steps = in.n_steps;
         }
     } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
-    if (!rc) rc = fs_select_check_model(&sel, &cfg, e); /* the run would refuse it up front too */
+    if (!rc) /* the run would refuse it up front too */
+        rc = fs_select_check_model(&sel, &cfg, o->inputs ? in.true_cfg_scale > 0 : o->gen.true_cfg_scale > 0, e);
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
     if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
     tp = tp ? tp : 1;
@@ -390,12 +391,12 @@ static int configure_inputs(fs_job *j, fs_err *e)
             }
             if (!rc && *what && memcmp(&want, &j->cfg, sizeof j->cfg))
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
-            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, e);
+            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, j->in.true_cfg_scale > 0, e);
             if (!rc)
                 rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, &j->sel, world->size, ranks_here, e);
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
                    /* --dump-modules that selects nothing of this model: refused before any work */
-                   !(rc = fs_select_check_model(&j->sel, &j->cfg, e)) &&
+                   !(rc = fs_select_check_model(&j->sel, &j->cfg, o->gen.true_cfg_scale > 0, e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
                                             o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {

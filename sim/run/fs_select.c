@@ -218,7 +218,35 @@ static const struct {
     {"FluxTransformer2DModel", flux1_names},
 };
 
-int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e)
+/* True CFG (fs_sampler.c, cfg_record): the second, negative-prompt call of a step records each
+ * name of the first as base@(k + calls of base)#tuple, where base is the name without its @k and
+ * #tuple and calls the number of times the first call recorded that base. Appends those for the
+ * names [from, l->n). */
+static int negative_call_names(fs_names *l, int from)
+{
+    const int n1 = l->n;
+    for (int i = from; i < n1; i++) {
+        const char *nm = l->v[i], *hash = strchr(nm, '#'), *end = hash ? hash : nm + strlen(nm), *at = NULL;
+        for (const char *p = nm; p < end; p++)
+            if (*p == '@') at = p;
+        const int blen = (int)((at ? at : end) - nm), k = at ? atoi(at + 1) : 0;
+        int calls = 0;
+        for (int j = from; j < n1; j++) { /* the first call's calls of the same base */
+            const char *o = l->v[j], *oh = strchr(o, '#'), *oe = oh ? oh : o + strlen(o), *oa = NULL;
+            for (const char *p = o; p < oe; p++)
+                if (*p == '@') oa = p;
+            if ((int)((oa ? oa : oe) - o) == blen && !strncmp(o, nm, (size_t)blen)) {
+                const int ok = oa ? atoi(oa + 1) : 0;
+                if (ok + 1 > calls) calls = ok + 1;
+            }
+        }
+        int rc = name(l, "%.*s@%d%s", blen, nm, k + calls, hash ? hash : "");
+        if (rc) return rc;
+    }
+    return FS_OK;
+}
+
+int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *known, fs_err *e)
 {
     memset(out, 0, sizeof *out);
     *known = 0;
@@ -236,7 +264,8 @@ int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e)
     if (!fn) return FS_OK;
     int rc;
     fs_names *l = out;
-    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, l)) || (rc = name(l, "latents_out"))) {
+    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, l)) || (true_cfg && (rc = negative_call_names(l, 1))) ||
+        (rc = name(l, "latents_out"))) {
         fs_names_free(out);
         return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
     }
@@ -245,11 +274,11 @@ int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e)
 }
 #undef NAME
 
-int fs_select_check_model(const fs_select *s, const fs_config *cfg, fs_err *e)
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, int true_cfg, fs_err *e)
 {
     if (!s || !s->modules.n) return FS_OK;
     fs_names l;
-    int known, rc = fs_record_names(cfg, &l, &known, e);
+    int known, rc = fs_record_names(cfg, true_cfg, &l, &known, e);
     if (rc || !known) return rc;
     int hit = 0;
     for (int i = 0; i < l.n && !hit; i++)

@@ -40,7 +40,7 @@ const char *fs_select_modules_decl(const fs_select *s, char *buf, size_t n);
 /* ---- The names a run records, from the config alone ----
  * Every record of a step, in the order a run of `cfg` records them (fs_sample: latents_in, the
  * forward's modules as fs_layer_record names them, latents_out), built without computing
- * anything. Per model family, told apart by the config's diffusers class name (`_class_name` of
+ * anything (with true CFG, the negative call's renamed records too). Per model family, told apart by the config's diffusers class name (`_class_name` of
  * fs_config_to_json). Today only FLUX.1 (FluxTransformer2DModel) has a list; for another family
  * *known is 0 and the list is empty (a FLUX.2 list is added to the table in fs_select.c beside
  * its forward). tests/test_select.c checks the list against the names real runs record, for
@@ -49,12 +49,14 @@ typedef struct fs_names {
     char **v;
     int n, cap;
 } fs_names;
-int fs_record_names(const fs_config *cfg, fs_names *out, int *known, fs_err *e);
+/* true_cfg: the run makes a second, negative-prompt call per step (true CFG), whose records are
+ * renamed name@k as fs_sampler.c does. */
+int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *known, fs_err *e);
 void fs_names_free(fs_names *l); /* leaves {0} */
 /* Up-front refusal of --dump-modules globs that match no module `cfg` records (FS_E_INPUT, one
  * line naming the globs), before any input, weight or dump is made. FS_OK when there are no globs
  * or the family has no list (then the filter's end of the first recorded step still refuses). */
-int fs_select_check_model(const fs_select *s, const fs_config *cfg, fs_err *e);
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, int true_cfg, fs_err *e);
 
 /* A recorder + step hooks that pass on only the selected records to `rec` / `hooks`. The filter
  * keeps the current step; it must outlive the run it records. */
