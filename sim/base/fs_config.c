@@ -378,25 +378,7 @@ char *fs_config_to_json(const fs_config *c)
 {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "_class_name", fs_config_class_name(c));
-    if (c->family == FS_FLUX2) { /* the keys of Flux2Transformer2DModel's config, in its order */
-        cJSON_AddNumberToObject(r, "patch_size", c->patch_size);
-        cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
-        cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
-        cJSON_AddNumberToObject(r, "num_layers", c->num_layers);
-        cJSON_AddNumberToObject(r, "num_single_layers", c->num_single_layers);
-        cJSON_AddNumberToObject(r, "attention_head_dim", c->attention_head_dim);
-        cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
-        cJSON_AddNumberToObject(r, "joint_attention_dim", c->joint_attention_dim);
-        cJSON_AddNumberToObject(r, "timestep_guidance_channels", c->timestep_guidance_channels);
-        cJSON_AddNumberToObject(r, "mlp_ratio", c->mlp_ratio);
-        cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, fs_config_axes(c)));
-        cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
-        cJSON_AddNumberToObject(r, "eps", c->eps);
-        cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
-        char *s = cJSON_PrintUnformatted(r);
-        cJSON_Delete(r);
-        return s;
-    }
+    /* the keys both families' configs start with, in diffusers' order */
     cJSON_AddNumberToObject(r, "patch_size", c->patch_size);
     cJSON_AddNumberToObject(r, "in_channels", c->in_channels);
     cJSON_AddNumberToObject(r, "out_channels", c->out_channels);
@@ -405,9 +387,18 @@ char *fs_config_to_json(const fs_config *c)
     cJSON_AddNumberToObject(r, "attention_head_dim", c->attention_head_dim);
     cJSON_AddNumberToObject(r, "num_attention_heads", c->num_attention_heads);
     cJSON_AddNumberToObject(r, "joint_attention_dim", c->joint_attention_dim);
-    cJSON_AddNumberToObject(r, "pooled_projection_dim", c->pooled_projection_dim);
-    cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
-    cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, 3));
+    if (c->family == FS_FLUX2) { /* then Flux2Transformer2DModel's own */
+        cJSON_AddNumberToObject(r, "timestep_guidance_channels", c->timestep_guidance_channels);
+        cJSON_AddNumberToObject(r, "mlp_ratio", c->mlp_ratio);
+        cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, fs_config_axes(c)));
+        cJSON_AddNumberToObject(r, "rope_theta", c->rope_theta);
+        cJSON_AddNumberToObject(r, "eps", c->eps);
+        cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
+    } else {
+        cJSON_AddNumberToObject(r, "pooled_projection_dim", c->pooled_projection_dim);
+        cJSON_AddBoolToObject(r, "guidance_embeds", c->guidance_embeds);
+        cJSON_AddItemToObject(r, "axes_dims_rope", cJSON_CreateIntArray(c->axes_dims_rope, 3));
+    }
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     return s;
