@@ -159,51 +159,46 @@ static void test_config_json_text(void **s)
 }
 
 /* Every struct fs_config_validate may see, however wrong, is refused without UB (make sanitize
- * runs this under UBSan): each field at INT_MIN, -1, 0, INT_MAX. */
-static void test_config_validate_any_struct(void **s)
+ * runs this under UBSan): each int field of the preset's struct at INT_MIN, -1, 0, INT_MAX; only 0
+ * in one of the `zero_ok` fields may pass. */
+static void validate_every_int_field(const char *preset, const size_t *zero_ok, size_t nzero)
 {
     static const int vals[] = {INT_MIN, -1, 0, INT_MAX};
+    fs_config base;
+    fs_config_preset(&base, preset, NULL);
+    for (size_t off = 0; off < offsetof(fs_config, mlp_ratio); off += sizeof(int))
+        for (size_t v = 0; v < FS_ARRAY_LEN(vals); v++) {
+            fs_config c = base;
+            memcpy((char *)&c + off, &vals[v], sizeof(int));
+            int legal = 0;
+            for (size_t k = 0; k < nzero; k++) legal |= vals[v] == 0 && off == zero_ok[k];
+            fs_err e = {0};
+            int rc = fs_config_validate(&c, "x", &e);
+            if (legal ? rc != FS_OK : rc != FS_E_INPUT)
+                fail_msg("%s: field at byte %zu = %d: rc %d (%s)", preset, off, vals[v], rc, e.msg);
+        }
+}
+
+static void test_config_validate_any_struct(void **s)
+{
     /* FLUX.1 (tiny): axes_dims_rope[3], n_axes (0 = 3) and the FLUX.2-only fields may be 0, and
      * must be: any other value is refused */
     const size_t zero_ok[] = {offsetof(fs_config, num_layers), offsetof(fs_config, num_single_layers),
                               offsetof(fs_config, guidance_embeds), offsetof(fs_config, axes_dims_rope) + 3 * sizeof(int),
                               offsetof(fs_config, n_axes), offsetof(fs_config, rope_theta),
                               offsetof(fs_config, timestep_guidance_channels), offsetof(fs_config, family)};
-    fs_config base;
-    fs_config_preset(&base, "tiny", NULL);
-    for (size_t off = 0; off < offsetof(fs_config, mlp_ratio); off += sizeof(int))
-        for (size_t v = 0; v < FS_ARRAY_LEN(vals); v++) {
-            fs_config c = base;
-            memcpy((char *)&c + off, &vals[v], sizeof(int));
-            int legal = 0;
-            for (size_t k = 0; k < FS_ARRAY_LEN(zero_ok); k++) legal |= vals[v] == 0 && off == zero_ok[k];
-            fs_err e = {0};
-            int rc = fs_config_validate(&c, "x", &e);
-            if (legal ? rc != FS_OK : rc != FS_E_INPUT)
-                fail_msg("field at byte %zu = %d: rc %d (%s)", off, vals[v], rc, e.msg);
-        }
+    validate_every_int_field("tiny", zero_ok, FS_ARRAY_LEN(zero_ok));
 }
 
-/* The same for a FLUX.2 config (flux2-tiny): every int field, and the two doubles */
+/* The same for a FLUX.2 config (flux2-tiny): every int field (n_axes INT_MAX etc. refused;
+ * family 0 makes it a FLUX.1 config with FLUX.2 fields: refused), and the two doubles */
 static void test_config_validate_any_struct_flux2(void **s)
 {
-    static const int vals[] = {INT_MIN, -1, 0, INT_MAX};
     const size_t zero_ok[] = {offsetof(fs_config, num_layers), offsetof(fs_config, num_single_layers),
                               offsetof(fs_config, guidance_embeds), offsetof(fs_config, pooled_projection_dim)};
+    validate_every_int_field("flux2-tiny", zero_ok, FS_ARRAY_LEN(zero_ok));
     fs_config base;
     fs_config_preset(&base, "flux2-tiny", NULL);
-    for (size_t off = 0; off < offsetof(fs_config, mlp_ratio); off += sizeof(int))
-        for (size_t v = 0; v < FS_ARRAY_LEN(vals); v++) {
-            fs_config c = base;
-            memcpy((char *)&c + off, &vals[v], sizeof(int));
-            int legal = 0;
-            for (size_t k = 0; k < FS_ARRAY_LEN(zero_ok); k++) legal |= vals[v] == 0 && off == zero_ok[k];
-            /* n_axes INT_MAX etc. refused; family 0 makes it a FLUX.1 config with FLUX.2 fields: refused */
-            fs_err e = {0};
-            int rc = fs_config_validate(&c, "x", &e);
-            if (legal ? rc != FS_OK : rc != FS_E_INPUT)
-                fail_msg("flux2 field at byte %zu = %d: rc %d (%s)", off, vals[v], rc, e.msg);
-        }
     static const double dv[] = {0, -1, NAN, INFINITY, 1e300, 17};
     for (size_t v = 0; v < FS_ARRAY_LEN(dv); v++) {
         fs_config c = base;
