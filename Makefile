@@ -18,7 +18,7 @@ CC      := mpicc
 PKGS    := openblas hdf5-openmpi libcjson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS))
-# oneDNN (libdnnl-dev): the bf16 GEMM on AVX512-BF16/AMX (sim/backend/fs_gemm_bf16.c). Debian's
+# oneDNN (libdnnl-dev): float32 GEMMs where OpenBLAS misdetects the CPU, the bf16 GEMM on AMX (sim/backend/fs_gemm.c). Debian's
 # 2.6.3 ships no .pc file: pkg-config when there is one, else -ldnnl.
 DNNL_LIBS  := $(shell pkg-config --exists dnnl 2>/dev/null && pkg-config --libs dnnl || echo -ldnnl)
 PKG_LIBS   += $(DNNL_LIBS)

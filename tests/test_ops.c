@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 
 #include "fo_dump.h"
-#include "fs_gemm_bf16.h"
+#include "fs_gemm.h"
 #include "fs_model.h"
 #include "fs_plan.h"
 #include "fs_rng.h"
@@ -452,7 +452,7 @@ static void test_gemm_bf16_bound(void **s)
                     gemm_bf16_case(M, N, K, bias, K + 3, K + 8, N + 5, direct);     /* lda, ldw > K; ldc > N */
                 }
     print_message("bf16 gemm path: %s; %ld of %ld results one bf16 ulp from an in-order float32 sum\n",
-                  fs_gemm_bf16_describe(), mism, total);
+                  fs_gemm_describe(), mism, total);
     assert_true(mism * 20 <= total); /* a summation order, not a different rounding: rare */
 }
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "fs_backend_cpu.h"
-#include "fs_gemm_bf16.h"
+#include "fs_gemm.h"
 #include "fs_kernels_cpu.h"
 
 /* ---------------------------------------------------------------- memory */
@@ -127,16 +127,25 @@ static float *up(const fs_tensor *t) { return up_buf(t->data, t->dtype, fs_tenso
 
 #define NOMEM(op) fs_errf(e, FS_E_NOMEM, "cpu backend: %s on bfloat16: out of memory for float32 scratch", op)
 
-/* M rows of K values at row stride ld (a column slice of a bigger matrix) as dense float. */
-static float *up_rows(const void *src, int64_t M, int64_t K, int64_t ld)
+/* M rows of K values at row stride ld (a column slice of a bigger matrix) as dense float into f. */
+static void up_rows_into(float *f, const void *src, int64_t M, int64_t K, int64_t ld)
 {
-    float *f = malloc(sizeof(float) * (size_t)(M * K > 0 ? M * K : 1));
-    if (!f) return NULL;
     const uint16_t *h = src;
 #pragma omp parallel for if (M * K > PAR_BIG) schedule(static)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) f[m * K + k] = fs_bf16_to_float(h[m * ld + k]);
-    return f;
+    for (int64_t m = 0; m < M; m++) {
+        float *fm = f + m * K;
+        const uint16_t *hm = h + m * ld;
+#pragma omp simd /* a shift per element: exact at any width (the bf16 path widens every weight) */
+        for (int64_t k = 0; k < K; k++) fm[k] = fs_bf16_to_float(hm[k]);
+    }
+}
+
+/* n bf16 values as float into f (exact). */
+static void up_into(float *f, const void *src, int64_t n)
+{
+    const uint16_t *h = src;
+#pragma omp parallel for simd if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) f[i] = fs_bf16_to_float(h[i]);
 }
 
 /* The bf16 gemm without native bf16 instructions: A and W widened to float32 (exact), sgemm,
@@ -144,16 +153,24 @@ static float *up_rows(const void *src, int64_t M, int64_t K, int64_t ld)
 static int cpu_gemm_bf16_sgemm(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W,
                                int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
-    float *a = up_rows(A, M, K, lda), *w = up_rows(W, N, K, ldw), *b = bias ? up_buf(bias, FS_BF16, N) : NULL,
+    float *a = malloc(sizeof(float) * (size_t)(M * K > 0 ? M * K : 1)),
+          *w = malloc(sizeof(float) * (size_t)(N * K > 0 ? N * K : 1)), *b = bias ? malloc(sizeof(float) * (size_t)N) : NULL,
           *c = malloc(sizeof(float) * (size_t)(M * N));
     int rc = FS_OK;
     if (!a || !w || (bias && !b) || !c) rc = NOMEM("gemm");
     else {
+        up_rows_into(a, A, M, K, lda);
+        up_rows_into(w, W, N, K, ldw);
+        if (bias) up_into(b, bias, N);
         cpu_gemm_f32(M, N, K, a, K, w, K, b, c, N); /* float32 accumulation, + bias in float32 */
         uint16_t *o = C;
 #pragma omp parallel for if (M * N > PAR_BIG) schedule(static)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) o[m * ldc + n] = fs_bf16_from_float(c[m * N + n]); /* one rounding */
+        for (int64_t m = 0; m < M; m++) {
+            uint16_t *om = o + m * ldc;
+            const float *cm = c + m * N;
+#pragma omp simd
+            for (int64_t n = 0; n < N; n++) om[n] = fs_bf16_from_float(cm[n]); /* one rounding */
+        }
     }
     free(a);
     free(w);
@@ -162,15 +179,15 @@ static int cpu_gemm_bf16_sgemm(int64_t M, int64_t N, int64_t K, const void *A, i
     return rc;
 }
 
-/* The bf16 gemm op: oneDNN's bf16 matmul where the CPU has bf16 dot products (AVX512-BF16, AMX;
- * fs_gemm_bf16.h), else the sgemm path. Both are float32 accumulation of exact products, + bias
+/* The bf16 gemm op: oneDNN's bf16 matmul where fs_gemm.h says (AMX; AVX512-BF16 for few rows),
+ * else the widened float32 path. Both are float32 accumulation of exact products, + bias
  * in float32, one rounding; only the order of the float32 additions differs. K == 0 (C = bias)
  * stays on the sgemm path. */
 static int cpu_gemm_bf16(int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W, int64_t ldw,
                          const void *bias, void *C, int64_t ldc, fs_err *e)
 {
     if (M == 0 || N == 0) return FS_OK;
-    if (K > 0 && fs_gemm_bf16_native()) return fs_gemm_bf16_onednn(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    if (K > 0 && fs_gemm_bf16_native(M)) return fs_gemm_bf16_onednn(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
     return cpu_gemm_bf16_sgemm(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
 }
 

@@ -6,12 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fs_gemm.h"
 #include "fs_kernels_cpu.h"
 #include "fs_vmath.h"
 
 #define FS_VEC_F32 1
 #define T float
-#define GEMM cblas_sgemm
+#define GEMM fs_sgemm
 #define EXP expf
 #define LOG logf
 #define TANH tanhf

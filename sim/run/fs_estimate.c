@@ -240,9 +240,11 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const uint64_t pers_dbl = add(mul(add(mul3(B, S, D), mul(B, D)), es), add(mul3(S, 3, 8), mul(mul3(2, S, Dh), es)));
     const uint64_t pers_sgl = add(pers_dbl, mul(mul3(B, S, D), es));
 
-    /* attention scratch: one [256, Skv] score block per thread, plus SP buffers */
+    /* attention scratch: one score block per thread (float64: [256, Skv]; float32 and bf16, which
+     * runs the float32 kernel: the fused kernel's [256, min(Skv, 512)] floats), plus SP buffers */
     const uint64_t Skv = R > 1 ? (uint64_t)ceil_div((int64_t)Sg, R) : (U > 1 ? Sg : S);
-    const uint64_t score = mul(mul3(threads, 256, Skv ? Skv : 1), es);
+    const uint64_t score = es == 8 ? mul(mul3(threads, 256, Skv ? Skv : 1), es)
+                                   : mul(mul3(threads, 256, Skv ? min2(Skv, 512) : 1), 4);
     uint64_t scratch = score;
     uint64_t spbuf = 0;
     if (U > 1) spbuf = add(spbuf, mul(mul3(6, B, S), Dl)); /* q, k, v, o head-sharded + a2a send/recv */
@@ -270,19 +272,22 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     out->act_peak_bytes = max2(add(pers_dbl, out->act_double_bytes), add(pers_sgl, out->act_single_bytes));
 
     /* bf16 on the CPU: a kernel computes in float32 copies of its operands (fs_backend_cpu.c:
-     * attention upcasts q, k, v and o; the sgemm GEMM path also x, the weight, the bias and its
+     * attention upcasts q, k, v and o; the widened GEMM path x, the weight, the bias and its
      * output — the largest a single block's proj_out (x [S, Dl+Fl], W [D, Dl+Fl], y [S, D]) or
-     * proj_mlp). */
+     * proj_mlp; an element-wise op its input and output — the largest the single block's
+     * GELU (FLUX.2: SiLU) on [S, Fl]. That last one was missing: at the `default` config below
+     * it is the largest (129 MiB against proj_out's 98), and the estimate read 350 MiB for a
+     * measured 383-394.) */
     if (es == 2) {
         const uint64_t po = add(mul(add(mul(B, S), D), add(Dl, Fl)), mul3(B, S, D));
         const uint64_t pm = add(mul(add(mul(B, S), Fl), D), mul3(B, S, Fl));
-        const uint64_t at = mul3(4, mul(B, S), Dl);
+        const uint64_t at = max2(mul3(4, mul(B, S), Dl), mul3(2, mul(B, S), Fl));
         /* The oneDNN path makes no float32 copies of a Linear's operands, but its own working
          * memory (primitive cache, JIT code, packing buffers; its scratchpad is small: 0.3 MiB
-         * asked for the largest of these shapes) is not something oneDNN reports. Measured on the
-         * `default` config, batch 4, 64x64 tokens, one bf16 rank (Intel Xeon, AVX512-BF16,
-         * 2026-11-27): peak RSS 370-377 MiB through oneDNN, 386 MiB through sgemm (estimated: 350).
-         * So the sgemm path's copies are counted for both; oneDNN's run stays below them. */
+         * asked for the largest of these shapes) is not something oneDNN reports. So the widened
+         * path's copies are counted for both (measured on the `default` config, batch 4, 64x64
+         * tokens, one bf16 rank, Intel Xeon, AVX512-BF16, 2026-11-28: 383-394 MiB widened, 381
+         * estimated). */
         out->bf16_scratch_bytes = mul(max2(max2(po, pm), at), 4);
     }
     /* a GPU rank: every weight of its shard resident, activations in the run dtype, flash

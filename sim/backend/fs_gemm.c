@@ -1,6 +1,8 @@
-/* fs_gemm_bf16.c — the bfloat16 nn.Linear through oneDNN's matmul primitive (fs_gemm_bf16.h).
+/* fs_gemm.c — the CPU backend's GEMM providers (fs_gemm.h): float32 through OpenBLAS or oneDNN's
+ * sgemm, chosen once per process from the CPU and what OpenBLAS made of it; bfloat16 through
+ * oneDNN's bf16 matmul on AMX, else widened to float32.
  *
- * Layouts, all views of the caller's memory (no copies on our side):
+ * The bf16 matmul's layouts, all views of the caller's memory (no copies on our side):
  *   src     A [M, K], strides (lda, 1), bf16
  *   weights Wᵀ [K, N] as a view of W [N, K]: strides (1, ldw), bf16 (oneDNN packs it into its
  *           VNNI blocks itself, per call: N·K·2 bytes read, a few percent of a large GEMM)
@@ -9,18 +11,25 @@
  * A primitive descriptor is created per call (tens of microseconds); the primitive itself comes
  * from oneDNN's primitive cache after the first call on a shape (JIT code generated once). The
  * OpenMP thread count is oneDNN's (its CPU runtime is OpenMP, the same libgomp as ours), so
- * fs_backend_cpu_set_threads governs it. */
-#include "fs_gemm_bf16.h"
+ * fs_backend_cpu_set_threads governs it, for dnnl_sgemm too. */
+#include "fs_gemm.h"
+
+#include <stdint.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#define FS_STR_(x) #x
+#define FS_STR(x) FS_STR_(x)
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static dnnl_engine_t eng;
-static int native;          /* the bf16 gemm op goes through oneDNN */
+static int native;          /* bf16 gemms of at least native_min_m rows go through oneDNN */
+static int64_t native_min_m;
 static dnnl_cpu_isa_t isa;  /* what oneDNN found */
 static char last_impl[64] = "none yet";
 
@@ -39,31 +48,95 @@ static const char *isa_name(dnnl_cpu_isa_t i)
     }
 }
 
+/* The CPU's widest vector ISA for float32 FMA work: 3 AVX-512, 2 AVX2 + FMA, 1 older (GCC's
+ * CPUID check, which includes the OS's XSAVE support for the wider registers). */
+static int cpu_level(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 3;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+    return 1;
+}
+
+/* The ISA of the kernels OpenBLAS chose (openblas_get_corename: its DYNAMIC_ARCH table's name):
+ * the AVX-512 cores, the AVX2 cores, anything else (Prescott, Nehalem, Sandybridge, ... — what
+ * 0.3.21 falls back to on CPU models it does not know). */
+static int blas_level(const char *core)
+{
+    static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    static const char *const avx2[] = {"Haswell", "Zen"};
+    for (size_t i = 0; i < sizeof avx512 / sizeof *avx512; i++)
+        if (!strcasecmp(core, avx512[i])) return 3;
+    for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
+        if (!strcasecmp(core, avx2[i])) return 2;
+    return 1;
+}
+
+static int f32_onednn;          /* fs_sgemm calls dnnl_sgemm */
+static char f32_why[128] = "";  /* the reason, for fs_gemm_describe */
+
 static void init(void)
 {
     isa = dnnl_get_effective_cpu_isa();
-    /* native bf16 dot products: avx512_core_bf16 and the AMX levels above it (the enum is a
-     * bit set; every level with bf16 contains avx512_core_bf16's bits) */
-    const int has_bf16 = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    /* float32: OpenBLAS when its kernels use the CPU's widest ISA, else oneDNN (fs_gemm.h) */
+    const char *core = openblas_get_corename();
+    const int cl = cpu_level(), bl = blas_level(core ? core : "");
+    static const char *const lv[] = {"", "pre-AVX2", "AVX2", "AVX-512"};
+    const char *f32 = getenv("FS_GEMM_F32");
+    if (f32 && !strcmp(f32, "openblas")) f32_onednn = 0, snprintf(f32_why, sizeof f32_why, "forced by FS_GEMM_F32");
+    else if (f32 && !strcmp(f32, "onednn")) f32_onednn = 1, snprintf(f32_why, sizeof f32_why, "forced by FS_GEMM_F32");
+    else if (bl >= cl) f32_onednn = 0, snprintf(f32_why, sizeof f32_why, "its %s kernels match the CPU", lv[bl]);
+    else
+        f32_onednn = 1, snprintf(f32_why, sizeof f32_why, "OpenBLAS chose %s (%s) on an %s CPU", core ? core : "?", lv[bl],
+                                 lv[cl]);
+    /* bf16 (fs_gemm.h): oneDNN's matmul for every shape where the CPU has AMX tiles
+     * (tdpbf16ps); with AVX512-BF16 alone (vdpbf16ps) only below FS_GEMM_BF16_WIDEN_M rows,
+     * where widening the whole weight for a few rows costs more than the GEMM (M = 1: 1.4 ms
+     * against 6.6 ms, 3072 x 3072); elsewhere the widened float32 path. The dnnl_cpu_isa_t enum
+     * is a bit set: every level with a feature contains that level's bits. */
+    const unsigned ui = (unsigned)isa;
+    const int has_amx = (ui & (unsigned)dnnl_cpu_isa_avx512_core_amx) == (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    const int has_bf16 = (ui & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
     const char *force = getenv("FS_GEMM_BF16");
     native = force && !strcmp(force, "sgemm") ? 0 : force && !strcmp(force, "onednn") ? 1 : has_bf16;
+    native_min_m = force || has_amx ? 0 : FS_GEMM_BF16_WIDEN_M;
     if (native && dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) native = 0;
 }
 
-int fs_gemm_bf16_native(void)
+int fs_gemm_f32_onednn(void)
 {
     pthread_once(&once, init);
-    return native;
+    return f32_onednn;
 }
 
-const char *fs_gemm_bf16_describe(void)
+void fs_sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint M, blasint N, blasint K, float alpha,
+              const float *A, blasint lda, const float *B, blasint ldb, float beta, float *C, blasint ldc)
 {
-    static char buf[256];
+    pthread_once(&once, init);
+    /* dnnl_sgemm is row-major; K = 0 (C = beta·C) and empty shapes stay with cblas, which
+     * defines them */
+    if (f32_onednn && order == CblasRowMajor && M > 0 && N > 0 && K > 0 &&
+        dnnl_sgemm(ta == CblasTrans ? 'T' : 'N', tb == CblasTrans ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
+                   ldc) == dnnl_success)
+        return;
+    cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+int fs_gemm_bf16_native(int64_t M)
+{
+    pthread_once(&once, init);
+    return native && M < (native_min_m ? native_min_m : INT64_MAX);
+}
+
+const char *fs_gemm_describe(void)
+{
+    static char buf[384];
     pthread_once(&once, init);
     const dnnl_version_t *v = dnnl_version();
-    snprintf(buf, sizeof buf, "%s (oneDNN %d.%d.%d, ISA %s; last matmul: %s)",
-             native ? "oneDNN bf16 matmul" : "float32 sgemm, rounded", v->major, v->minor, v->patch, isa_name(isa),
-             native ? last_impl : "-");
+    snprintf(buf, sizeof buf, "fp32 gemm: %s (%s); bf16 gemm: %s (oneDNN %d.%d.%d, ISA %s; last matmul: %s)",
+             f32_onednn ? "oneDNN sgemm" : "OpenBLAS", f32_why,
+             !native ? "widened to fp32, rounded once" : native_min_m ? "oneDNN bf16 matmul below " FS_STR(FS_GEMM_BF16_WIDEN_M) " rows, else widened to fp32" : "oneDNN bf16 matmul",
+             v->major, v->minor, v->patch, isa_name(isa), native ? last_impl : "-");
     return buf;
 }
 
