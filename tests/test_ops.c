@@ -48,12 +48,13 @@ static void test_gelu_tanh(void **s)
 
 /* ---- float32 vector exp / tanh (fs_vmath.h) ---- */
 
-/* The widths this machine runs: 4, and 8 where it has AVX2. */
+/* The widths this machine runs: 4, 8 where it has AVX2, 16 where it has AVX-512F. */
 static int vmath_widths(int *w)
 {
     int n = 0;
     w[n++] = 4;
     if (fs_vmath_force_width(8) == 0) w[n++] = 8;
+    if (fs_vmath_force_width(16) == 0) w[n++] = 16;
     fs_vmath_force_width(0);
     return n;
 }
@@ -63,8 +64,9 @@ static int vmath_widths(int *w)
 static void test_vmath_accuracy(void **s)
 {
     enum { CH = 1 << 16 };
-    float *x = malloc(sizeof(float) * CH), *y[2] = {malloc(sizeof(float) * CH), malloc(sizeof(float) * CH)};
-    int w[2], nw = vmath_widths(w);
+    float *x = malloc(sizeof(float) * CH),
+          *y[3] = {malloc(sizeof(float) * CH), malloc(sizeof(float) * CH), malloc(sizeof(float) * CH)};
+    int w[3], nw = vmath_widths(w);
     double worst[2] = {0, 0};
     for (int fn = 0; fn < 2; fn++) {
         int64_t n = 0;
@@ -83,13 +85,16 @@ static void test_vmath_accuracy(void **s)
             for (int64_t i = 0; i < n; i++) {
                 const double e = fs_vmath_ulp_err(y[0][i], fn ? tanh((double)x[i]) : exp((double)x[i]));
                 if (e > worst[fn]) worst[fn] = e;
-                if (nw > 1 && memcmp(&y[0][i], &y[1][i], 4))
-                    fail_msg("%s(%.9g): width 4 gives %.9g, width 8 %.9g", fn ? "tanh" : "exp", x[i], y[0][i], y[1][i]);
+                for (int k = 1; k < nw; k++)
+                    if (memcmp(&y[0][i], &y[k][i], 4))
+                        fail_msg("%s(%.9g): width 4 gives %.9g, width %d %.9g", fn ? "tanh" : "exp", x[i], y[0][i], w[k],
+                                 y[k][i]);
             }
             n = 0;
         }
     }
-    printf("  vmath: exp max %.3f ulp, tanh max %.3f ulp (widths 4%s)\n", worst[0], worst[1], nw > 1 ? " and 8" : " only");
+    printf("  vmath: exp max %.3f ulp, tanh max %.3f ulp (widths 4%s%s)\n", worst[0], worst[1], nw > 1 ? ", 8" : " only",
+           nw > 2 ? ", 16" : "");
     if (!(worst[0] < 1.0)) fail_msg("exp: %.3f ulp", worst[0]);
     if (!(worst[1] < 1.5)) fail_msg("tanh: %.3f ulp", worst[1]);
     /* the edges: NaN, infinities, signed zeros, under- and overflow */
@@ -104,6 +109,7 @@ static void test_vmath_accuracy(void **s)
     free(x);
     free(y[0]);
     free(y[1]);
+    free(y[2]);
 }
 
 /* rowmax and expsum at every length 0..40 (the padded last step) and one of 1536, both widths:
@@ -111,13 +117,13 @@ static void test_vmath_accuracy(void **s)
  * float rounding of the double sum; NaN propagates */
 static void test_vmath_softmax_rows(void **s)
 {
-    int w[2], nw = vmath_widths(w);
-    float x[1600], r[2][1600 + 8], sum[2];
+    int w[3], nw = vmath_widths(w);
+    float x[1600], r[3][1600 + 16], sum[3];
     for (int n = 0; n <= 1536; n = n < 40 ? n + 1 : n + 1496) { /* 0..40, then 1536 */
         for (int i = 0; i < n; i++) x[i] = (float)(((i * 37) % 101) - 50) * 0.173f;
         for (int k = 0; k < nw; k++) {
             assert_int_equal(fs_vmath_force_width(w[k]), 0);
-            for (int i = 0; i < n + 8; i++) r[k][i] = i < n ? x[i] : 12345.0f;
+            for (int i = 0; i < n + 16; i++) r[k][i] = i < n ? x[i] : 12345.0f;
             const float mx = fs_vmath_rowmax(r[k], n);
             float want = -INFINITY;
             for (int i = 0; i < n; i++) want = x[i] > want ? x[i] : want;
@@ -128,7 +134,7 @@ static void test_vmath_softmax_rows(void **s)
                 ds += exp((double)(x[i] - mx));
                 if (fs_vmath_ulp_err(r[k][i], exp((double)(x[i] - mx))) >= 1.0) fail_msg("n=%d: exp at %d", n, i);
             }
-            for (int i = n; i < n + 8; i++) assert_true(r[k][i] == 12345.0f);
+            for (int i = n; i < n + 16; i++) assert_true(r[k][i] == 12345.0f);
             float d[1536], ed[1536]; /* the softmax's exp (x <= 0 only) is fs_vmath_exp, bit for bit */
             for (int i = 0; i < n; i++) d[i] = x[i] - mx;
             fs_vmath_exp(ed, d, n);
@@ -136,9 +142,9 @@ static void test_vmath_softmax_rows(void **s)
             close_to(sum[k], ds, 1e-6 * ds, "expsum");
         }
         fs_vmath_force_width(0);
-        if (nw > 1) {
-            assert_memory_equal(r[0], r[1], sizeof(float) * (size_t)n);
-            assert_memory_equal(&sum[0], &sum[1], sizeof(float));
+        for (int k = 1; k < nw; k++) {
+            assert_memory_equal(r[0], r[k], sizeof(float) * (size_t)n);
+            assert_memory_equal(&sum[0], &sum[k], sizeof(float));
         }
     }
     /* every 97th non-positive float down to -104 (through the denormal range, which flushes to 0) */
@@ -530,6 +536,10 @@ static void test_attention_vs_naive(void **s)
     attention_case(FS_F32, 1, 129, 129, 2, 16, 2e-5);
     attention_case(FS_F32, 2, 300, 13, 3, 8, 2e-5); /* > one query block, keys fewer than 8 + a padded step */
     attention_case(FS_F32, 1, 5, 5, 1, 4, 2e-5);
+    /* float32 is fused: keys in tiles of at most FS_ATTN_KB (512), balanced, the running max and
+     * sum rescaled where the max moves; 513 keys = 2 tiles of 272 + 241, 1100 = 3 of 368 + the rest */
+    attention_case(FS_F32, 1, 40, 513, 2, 16, 2e-5);
+    attention_case(FS_F32, 2, 260, 1100, 3, 8, 2e-5);
 }
 
 /* ---- AdaLN chunk orders, through the real forward ----

@@ -39,8 +39,9 @@ void fs_vmath_tanh(float *y, const float *x, int64_t n);
  * bounds above are measured (tests/test_ops.c, tools/bench/bench_vmath_accuracy.c). */
 double fs_vmath_ulp_err(float got, double exact);
 
-/* The vector width in use: 8 (AVX2) or 4. fs_vmath_force_width(4 or 8) pins it (tests compare
- * the two), 0 restores the run-time choice; 8 on a machine without AVX2 is refused (returns -1). */
+/* The vector width in use: 16 (AVX-512F), 8 (AVX2) or 4, the widest the CPU has.
+ * fs_vmath_force_width(4, 8 or 16) pins it (tests compare them: the same bits), 0 restores the
+ * run-time choice; a width the CPU lacks is refused (returns -1). */
 int fs_vmath_width(void);
 int fs_vmath_force_width(int w);
 

@@ -29,15 +29,17 @@ int main(int argc, char **argv)
         }
     }
     if (!stride) stride = 1;
-    int widths[2] = {4, 8}, nw = fs_vmath_force_width(8) == 0 ? 2 : 1;
+    int widths[3] = {4}, nw = 1; /* 4 lanes, and 8 and 16 where the CPU has them */
+    if (fs_vmath_force_width(8) == 0) widths[nw++] = 8;
+    if (fs_vmath_force_width(16) == 0) widths[nw++] = 16;
     fs_vmath_force_width(0);
     enum { CH = 1 << 16 };
     const uint64_t nblk = ((1ull << 32) + (uint64_t)CH * stride - 1) / ((uint64_t)CH * stride);
-    uint64_t *hash[2] = {calloc(nblk, 8), calloc(nblk, 8)};
+    uint64_t *hash[3] = {calloc(nblk, 8), calloc(nblk, 8), calloc(nblk, 8)};
     long long differ_all = 0;
     for (int fn = 0; fn < 2; fn++) {
-        double worst[2] = {0, 0}, worst_libm = 0;
-        float at[2] = {0, 0}, at_libm = 0;
+        double worst[3] = {0, 0, 0}, worst_libm = 0;
+        float at[3] = {0, 0, 0}, at_libm = 0;
         long long n = 0;
         for (int k = 0; k < nw; k++) {
             fs_vmath_force_width(widths[k]); /* process-wide: one width at a time, on all threads */
@@ -86,18 +88,20 @@ int main(int argc, char **argv)
         }
         fs_vmath_force_width(0);
         long long differ = 0;
-        for (uint64_t blk = 0; nw > 1 && blk < nblk; blk++) differ += hash[0][blk] != hash[1][blk];
+        for (int k = 1; k < nw; k++)
+            for (uint64_t blk = 0; blk < nblk; blk++) differ += hash[0][blk] != hash[k][blk];
         differ_all += differ;
         for (int k = 0; k < nw; k++)
             printf("%-4s %11lld floats, %d lanes: max %.3f ulp at x = %.9g\n", fn ? "tanh" : "exp", n, widths[k], worst[k], at[k]);
         printf("%-4s %11lld floats, glibc %s: max %.3f ulp at x = %.9g\n", fn ? "tanh" : "exp", n, fn ? "tanhf" : "expf",
                worst_libm, at_libm);
         if (nw > 1)
-            printf("%-4s 4 and 8 lanes: %s\n", fn ? "tanh" : "exp",
+            printf("%-4s 4%s lanes: %s\n", fn ? "tanh" : "exp", nw > 2 ? ", 8 and 16" : " and 8",
                    differ ? "DIFFERENT bits in some blocks" : "the same bits on every float");
         fflush(stdout);
     }
     free(hash[0]);
     free(hash[1]);
+    free(hash[2]);
     return differ_all ? 1 : 0;
 }
