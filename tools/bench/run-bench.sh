@@ -15,12 +15,17 @@ echo
 echo "== bench_forward --model flux2-dev: FLUX.2-dev width, fp32 forward vs sgemm, threads ${BENCH_THREADS:-1,2} =="
 build/bench_forward --model flux2-dev --small --reps 3 --threads "${BENCH_THREADS:-1,2}"
 echo
-# issue 13's peer: the same forward in PyTorch (tools/bench/bench_torch_peer.py), 1 thread, alternated
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "== bench-peer: flux-sim vs the PyTorch peer, fp32 forward, 1 thread =="
+# issue 22's peer: the real diffusers FluxTransformer2DModel on torch 2.x (tools/install-peer.sh's venv),
+# fp32 and bf16, 1 and 2 threads, alternated with bench_forward; issue 13's torch 1.13 peer where there is
+# no venv
+if .venv-peer/bin/python -c 'import torch, diffusers' 2>/dev/null; then
+  echo "== bench-diffusers-peer: flux-sim vs diffusers on torch 2.x, fp32 and bf16, threads ${BENCH_THREADS:-1,2} =="
+  THREADS=$(echo "${BENCH_THREADS:-1,2}" | tr , ' ') tools/bench/bench-diffusers-peer.sh 1
+elif /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "== bench-peer: no .venv-peer (tools/install-peer.sh); flux-sim vs the torch 1.13 peer, fp32, 1 thread =="
   tools/bench/bench-peer.sh 1 --native-kernels
 else
-  echo "== bench-peer: skipped (no python3-torch; tools/install-deps.sh installs it) =="
+  echo "== bench-peer: skipped (no .venv-peer and no python3-torch; tools/install-deps.sh installs them) =="
 fi
 echo
 echo "== bench_backends: --tp 2 per-step time, cpu vs cpu-strict =="
