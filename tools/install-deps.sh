@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config make
   libopenblas-dev                  # cblas_sgemm / cblas_dgemm
-  libdnnl-dev                      # oneDNN: the bf16 GEMM on AVX512-BF16 / AMX (sim/backend/fs_gemm_bf16.c)
+  libdnnl-dev                      # oneDNN: float32 GEMMs where OpenBLAS misdetects the CPU, bf16 on AVX512-BF16 / AMX (sim/backend/fs_gemm.c)
   libopenmpi-dev openmpi-bin       # MPI ranks
   libhdf5-openmpi-dev hdf5-tools   # parallel HDF5 (flux-dump files), h5dump for users
   libcmocka-dev                    # unit tests
