@@ -76,6 +76,8 @@ static void usage(FILE *f)
             "  --cfg-parallel        with true CFG: the prompt's and the negative prompt's transformer calls on\n"
             "                        two rank groups (sglang's, xDiT's CFG parallel), noise predictions\n"
             "                        all-gathered; tp x ulysses x ring = ranks / 2 inside each group\n"
+            "  --cfg-batched         with true CFG on one rank: both calls as one forward of batch 2B, as\n"
+            "                        diffusers' classic CFG batches them (every GEMM twice the rows)\n"
             "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
             "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
@@ -263,7 +265,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -287,7 +289,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"estimate", no_argument, 0, O_ESTIMATE},     {"device-mem", required_argument, 0, O_DEVMEM},
         {"clean", required_argument, 0, O_CLEAN},
         {"true-cfg-scale", required_argument, 0, O_TRUECFG}, {"neg-txt-len", required_argument, 0, O_NEGTXT},
-        {"cfg-parallel", no_argument, 0, O_CFGPAR},
+        {"cfg-parallel", no_argument, 0, O_CFGPAR},   {"cfg-batched", no_argument, 0, O_CFGBAT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -423,6 +425,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         }
         case O_ESTIMATE: o->estimate = 1; break;
         case O_CFGPAR: o->cfg_parallel = 1; break;
+        case O_CFGBAT: o->cfg_batched = 1; break;
         case O_DEVMEM: rc = parse_size(optarg, "--device-mem", &o->device_mem, e); break;
         case O_CLEAN:
             if (!*optarg) rc = fs_errf(e, FS_E_INPUT, "--clean: empty path");
@@ -457,6 +460,12 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     if (o->cfg_parallel && !o->inputs && !(o->gen.true_cfg_scale > 0))
         return fs_errf(e, FS_E_INPUT, "--cfg-parallel splits the two calls of true CFG over two rank groups: add "
                                       "--true-cfg-scale (or --inputs of a true-CFG dump)");
+    if (o->cfg_batched && o->cfg_parallel)
+        return fs_errf(e, FS_E_INPUT, "--cfg-batched runs both calls of true CFG as one batch on one rank, --cfg-parallel "
+                                      "on two rank groups: choose one");
+    if (o->cfg_batched && !o->inputs && !(o->gen.true_cfg_scale > 0))
+        return fs_errf(e, FS_E_INPUT, "--cfg-batched batches the two calls of true CFG: add --true-cfg-scale (or --inputs "
+                                      "of a true-CFG dump)");
     return FS_OK;
 }
 

@@ -350,6 +350,96 @@ static int cfg_parallel_step(const fs_model *ms, const fs_par *p, const fs_input
     return rc;
 }
 
+/* --cfg-batched: the two calls of true CFG as one forward of batch 2B — rows [0, B) the prompt's,
+ * [B, 2B) the negative prompt's — as diffusers' classic CFG and xDiT's batched CFG run them, so
+ * every GEMM has twice the rows (B16, xDiT#510: the GEMM may pick another kernel for another M).
+ * The records are split back into the two calls' names in the sequential order (the prompt's
+ * halves as they come, the negative prompt's kept and renamed after the forward), so the run
+ * compares tensor by tensor with the sequential and the CFG-parallel runs. */
+typedef struct cfg_split {
+    fs_recorder first; /* cfg_record, pass 0 */
+    cfg_buffer *kept;  /* the negative prompt's halves */
+    int64_t B;
+} cfg_split;
+
+static int cfg_split_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    cfg_split *c = ctx;
+    if (!strncmp(name, "pos_embed", 9)) { /* RoPE tables [S, Dh]: no batch axis, the same ids for both */
+        int rc = c->first.fn(c->first.ctx, name, t, sh, e);
+        return rc ? rc : cfg_buffer_record(c->kept, name, t, sh, e);
+    }
+    if (t->ndim < 1 || t->shape[0] != 2 * c->B)
+        return fs_errf(e, FS_E_INTERNAL, "--cfg-batched: %s has %lld rows on its first axis, not the batch 2 x %lld", name,
+                       (long long)(t->ndim ? t->shape[0] : 0), (long long)c->B);
+    fs_tensor a = fs_tensor_rows(t, 0, c->B), b = fs_tensor_rows(t, c->B, c->B);
+    int rc = c->first.fn(c->first.ctx, name, &a, sh, e);
+    return rc ? rc : cfg_buffer_record(c->kept, name, &b, sh, e);
+}
+
+/* dst rows [0, B) = x, [B, 2B) = y: the batch of both calls, in backend memory. */
+static int cat_batch(fs_backend *be, const fs_tensor *x, const fs_tensor *y, fs_tensor *dst, fs_err *e)
+{
+    int64_t shape[FS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[0] *= 2;
+    const size_t n = fs_tensor_nbytes(x);
+    int rc = fs_tensor_nbytes(y) == n ? FS_OK
+                                      : fs_errf(e, FS_E_INPUT, "--cfg-batched needs a negative prompt shaped like the prompt");
+    if (!rc) rc = fs_tensor_alloc_on(dst, be, x->dtype, x->ndim, shape, e);
+    if (!rc && n && !(rc = be->copy2d(be, dst->data, n, x->data, n, n, 1, e)))
+        rc = be->copy2d(be, (char *)dst->data + n, n, y->data, n, n, 1, e);
+    return rc;
+}
+
+static int cfg_batched_step(const fs_model *ms, const fs_inputs *in, const fs_tensor *lat, const fs_tensor *ehs,
+                            const fs_tensor *pooled, const fs_tensor *tid, const fs_tensor *nehs, const fs_tensor *npooled,
+                            const fs_tensor *ntid, const double *ts, const double *g, const fs_tensor *iid,
+                            cfg_names *names, cfg_buffer *kept, fs_tensor *v, fs_err *e)
+{
+    fs_backend *be = ms->be;
+    const int64_t B = lat->shape[0];
+    fs_tensor lat2 = {0}, ehs2 = {0}, pooled2 = {0}, v2 = {0};
+    double *ts2 = malloc(sizeof(double) * 4 * (size_t)B), *g2 = ts2 ? ts2 + 2 * B : NULL;
+    int rc = ts2 ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory");
+    /* one set of text ids serves both halves: the prompts' ids must be the same */
+    if (!rc && (fs_tensor_nbytes(tid) != fs_tensor_nbytes(ntid) || memcmp(tid->data, ntid->data, fs_tensor_nbytes(tid))))
+        rc = fs_errf(e, FS_E_INPUT, "--cfg-batched batches the prompt and the negative prompt into one forward: they need "
+                                    "the same text length (%lld vs %lld tokens) and ids",
+                     (long long)tid->shape[0], (long long)ntid->shape[0]);
+    if (!rc && !(rc = cat_batch(be, lat, lat, &lat2, e)) && !(rc = cat_batch(be, ehs, nehs, &ehs2, e)) && pooled->ndim)
+        rc = cat_batch(be, pooled, npooled, &pooled2, e);
+    if (!rc) {
+        for (int64_t b = 0; b < 2 * B; b++) {
+            ts2[b] = ts[b % B];
+            if (g) g2[b] = g[b % B];
+        }
+        fs_model mm = *ms;
+        cfg_split split = {.first = ms->rec, .kept = kept, .B = B};
+        if (ms->rec.fn) mm.rec = (fs_recorder){.fn = cfg_split_record, .ctx = &split};
+        rc = fs_model_forward(&mm, &lat2, &ehs2, &pooled2, ts2, g ? g2 : NULL, iid, tid, &v2, e);
+    }
+    for (int i = 0; !rc && ms->rec.fn && i < kept->n; i++) { /* the negative prompt's records, renamed */
+        names->pass = 1;
+        rc = ms->rec.fn(ms->rec.ctx, kept->v[i].name, &kept->v[i].t, &kept->v[i].sh, e);
+    }
+    cfg_buffer_clear(kept);
+    if (!rc) {
+        fs_tensor vc = fs_tensor_rows(&v2, 0, B), vn = fs_tensor_rows(&v2, B, B);
+        const size_t n = fs_tensor_nbytes(&vc);
+        if (!(rc = fs_tensor_alloc_on(v, be, vc.dtype, vc.ndim, vc.shape, e)) &&
+            !(rc = be->copy2d(be, v->data, n, vc.data, n, n, 1, e)) && !(rc = be->axpby(be, v, 1.0, &vn, -1.0, e)))
+            rc = be->axpby(be, v, in->true_cfg_scale, &vn, 1.0, e);
+        if (rc) fs_tensor_free(v);
+    }
+    free(ts2);
+    fs_tensor_free(&lat2);
+    fs_tensor_free(&ehs2);
+    fs_tensor_free(&pooled2);
+    fs_tensor_free(&v2);
+    return rc;
+}
+
 int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e)
 {
     static const fs_step_hooks none = {0};
@@ -362,6 +452,7 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     cfg_buffer kept = {0};
     const int cfg = in->true_cfg_scale > 0;
     const int cfgpar = cfg && p && p->cfg_par > 1; /* --cfg-parallel: this rank runs one of the two calls */
+    const int cfgbat = cfg && !cfgpar && m->cfg_batched; /* --cfg-batched: both calls in one forward */
     double *ts = NULL;
     int rc;
     memset(latents, 0, sizeof *latents);
@@ -419,12 +510,15 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
             ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
         }
         const double *g = in->has_guidance ? in->guidance.data : NULL;
-        if (cfgpar) {
+        if (cfgpar)
             rc = cfg_parallel_step(&ms, p, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names,
                                    &kept, &v, e);
-        } else
-        rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
-        if (!rc && cfg && !cfgpar) { /* v = v_neg + scale·(v − v_neg): the pipeline's ops, rounded as they are */
+        else if (cfgbat)
+            rc = cfg_batched_step(&ms, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names, &kept,
+                                  &v, e);
+        else
+            rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
+        if (!rc && cfg && !cfgpar && !cfgbat) { /* v = v_neg + scale·(v − v_neg): the pipeline's ops, rounded as they are */
             fs_tensor vn = {0};
             names.pass = 1;
             if (!(rc = fs_model_forward(&ms, &lat, &nehs, &npooled, ts, g, &iid, &ntid, &vn, e)) &&

@@ -441,6 +441,17 @@ static int configure_layout(fs_job *j, fs_err *e)
     if (!rc && ncfg > 1 && !(j->in.true_cfg_scale > 0)) /* --inputs of a dump without true CFG */
         rc = fs_errf(e, FS_E_INPUT, "--cfg-parallel splits the two calls of true CFG over two rank groups, but %s has "
                                     "no true CFG (no negative prompt or true_cfg_scale)", o->inputs ? o->inputs : "this run");
+    if (!rc && o->cfg_batched) { /* one forward of batch 2B: one rank, one prompt length */
+        if (!(j->in.true_cfg_scale > 0))
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched batches the two calls of true CFG, but %s has no true CFG",
+                         o->inputs ? o->inputs : "this run");
+        else if (world->size > 1)
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched runs on one rank (the job has %d); the parallel form of true CFG is "
+                                        "--cfg-parallel", world->size);
+        else if (j->in.S_neg != j->in.S_txt)
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched stacks the prompt and the negative prompt into one batch: they need "
+                                        "the same length (%d vs %d text tokens)", j->in.S_neg, j->in.S_txt);
+    }
     j->par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&j->par, j->in.S_txt, j->in.S_img, e);
     if (!rc) rc = fs_inject_refuse(j->par.inject, &j->par, &j->cfg, &j->in, e); /* an --inject that cannot act: exit 2 */
@@ -679,7 +690,8 @@ int fs_job_run(fs_job *j, fs_err *e)
 
     /* 6. the run in this layout */
     fs_model m = {.cfg = j->cfg, .dtype = j->dt, .w = &j->wb, .stream = j->w.streaming ? &j->w : NULL, .be = j->be,
-                  .par = &j->par, .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog};
+                  .par = &j->par, .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog,
+                  .cfg_batched = o->cfg_batched};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || j->check;
