@@ -504,8 +504,9 @@ static int estimate_main(const opts *o, fs_err *e)
            "%lld text tokens, %d step%s\n",
            cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads * cfg.attention_head_dim,
            (double)e0.params * 1e-9, dtn, B, (long long)Si, (long long)St, steps, steps == 1 ? "" : "s");
-    printf("  layout: %d rank%s, tp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
-           tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "", (long long)e1.tokens_rank);
+    printf("  layout: %d rank%s, %stp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
+           o->cfg_parallel ? "cfg 2 x " : "", tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "",
+           (long long)e1.tokens_rank);
     printf("  per rank                            flux-sim here (CPU)   a GPU holding every weight\n");
     printf("    weights                           %10s%s   %10s\n", BY(0, e1.weight_bytes),
            e1.streamed ? " (streamed)" : "           ", BY(1, e1.weight_resident_bytes));
