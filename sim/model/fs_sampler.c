@@ -321,9 +321,9 @@ static int cfg_parallel_step(const fs_model *ms, const fs_par *p, const fs_input
     fs_tensor mine = {0}, both = {0};
     int rc = fs_model_forward(&mm, lat, uncond && !leak ? nehs : ehs, uncond ? npooled : pooled, ts, g, iid,
                               uncond && !leak ? ntid : tid, &mine, e);
-    /* agree before the exchange and the replays: a rank that failed its call must not leave the
-     * others waiting in a collective it never joins */
-    rc = fs_agree_error(p->g_world, rc, e);
+    /* a rank whose call failed leaves now: its group may be inside one of the call's collectives,
+     * so agreeing here could hang; the job ends it (fs_job_must_abort), as a failure mid-loop does
+     * without CFG parallel */
     if (!rc) rc = cfg_exchange(p, ms->be, &mine, &both, e);
     fs_tensor_free(&mine);
     if (!rc && world.fn) {
