@@ -95,6 +95,13 @@ if [ $rc -eq 1 ] && grep -q "^DIVERGE at step 0 context_embedder@1" <<<"$out"; t
   ok "bf16 arbiter: cfg-uncond-sees-cond is a bug, at step 0 context_embedder@1"
 else bad "bf16 arbiter on the injection: exit $rc: $out"; fi
 
+# the same verdict in one job: the batched run --check'ed against the sequential single-rank run
+# and, in bf16, its matched-fp64 truth (the in-job arbiter of docs/bf16.md)
+FS_GEMM_SPLITK_ROWS=49 "$SIM" "${S[@]}" "${B16[@]}" -q --cfg-batched --check >"$T/log" 2>&1; rc=$?
+if [ $rc -eq 0 ] && grep -q "check: OK .*against the matched float64 truth" "$T/log"; then
+  ok "bf16 --cfg-batched --check (split-K for the batched M) in one job: OK under the arbiter ($(grep -o 'at most [^ ]* x' "$T/log"))"
+else bad "bf16 --cfg-batched --check: exit $rc"; tail -3 "$T/log"; fi
+
 # 5. refused: one line, exit 2
 ERRS=(
   "3|${S[*]} --cfg-parallel|--cfg-parallel needs an even number of ranks (two rank groups), the job has 3"
