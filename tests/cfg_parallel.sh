@@ -31,7 +31,8 @@ for L in "2|" "4|--tp 2" "4|--ulysses 2" "4|--ring 2 --ring-rotate p2p" "2|--pre
 done
 
 # 2. bit-identical to the sequential run; per-rank dumps; the CFG group in the parallel attribute
-"$SIM" "${S[@]}" -q --dump "$T/seq.h5" </dev/null || bad "sequential dump"
+# one thread, as each rank of the parallel runs has: the GEMM providers' results depend on it
+"$SIM" "${S[@]}" -q --threads 1 --dump "$T/seq.h5" </dev/null || bad "sequential dump"
 run 2 "${S[@]}" -q --cfg-parallel --dump "$T/par.h5" --dump-per-rank "$T/pr" >"$T/log" 2>&1 || bad "CFG-parallel dump: $(tail -2 "$T/log")"
 if out=$($ORACLE diff "$T/par.h5" "$T/seq.h5" --rtol 0 --atol 0 --mtol 0 -q 2>&1) && grep -q "^PASS: 729 tensors" <<<"$out"; then
   ok "CFG-parallel global dump == sequential dump, bit for bit (729 tensors)"
@@ -66,7 +67,7 @@ for L in "2||rank(s) 1;" "4|--tp 2|rank(s) 2, 3;" "4|--config flux2-default --ul
 done
 
 # 4. B16: batch 2 (sequential, batched) vs batch 1 (CFG parallel) — noise, not a bug
-"$SIM" "${S[@]}" -q --cfg-batched --dump "$T/bat32.h5" </dev/null || bad "--cfg-batched fp32 dump"
+"$SIM" "${S[@]}" -q --threads 1 --cfg-batched --dump "$T/bat32.h5" </dev/null || bad "--cfg-batched fp32 dump"
 if $ORACLE diff "$T/bat32.h5" "$T/seq.h5" --rtol 0 --atol 0 --mtol 0 -q >"$T/log" 2>&1; then
   skip "fp32 batch-variance: the batched run equals the sequential one bit for bit on this BLAS (the verdict below then compares equal runs)"
 else ok "fp32: the batched run differs from the sequential one (the GEMM's own M-dependence): $(grep -o 'DIVERGE at step [0-9]* [^:]*' "$T/log")"; fi
@@ -80,10 +81,10 @@ if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step 0, context_emb
   ok "fp32: the injection against the batched run: a bug, at step 0 context_embedder@1"
 else bad "fp32 injection vs batched: exit $rc"; fi
 B16=(--precision bf16)
-FS_GEMM_SPLITK_ROWS=49 "$SIM" "${S[@]}" "${B16[@]}" -q --cfg-batched --dump "$T/bat.h5" </dev/null || bad "--cfg-batched bf16 dump"
+FS_GEMM_SPLITK_ROWS=49 "$SIM" "${S[@]}" "${B16[@]}" -q --threads 1 --cfg-batched --dump "$T/bat.h5" </dev/null || bad "--cfg-batched bf16 dump"
 FS_GEMM_SPLITK_ROWS=49 run 2 "${S[@]}" "${B16[@]}" -q --cfg-parallel --dump "$T/parb.h5" >/dev/null 2>&1 || bad "CFG-parallel bf16 dump"
 FS_GEMM_SPLITK_ROWS=49 run 2 "${S[@]}" "${B16[@]}" -q --cfg-parallel --inject cfg-uncond-sees-cond --dump "$T/injb.h5" >/dev/null 2>&1 || bad "injected bf16 dump"
-"$SIM" "${S[@]}" --precision fp64 --match bf16 -q --dump "$T/truth.h5" </dev/null || bad "matched fp64 truth"
+"$SIM" "${S[@]}" --precision fp64 --match bf16 -q --threads 1 --dump "$T/truth.h5" </dev/null || bad "matched fp64 truth"
 if ! $ORACLE diff "$T/parb.h5" "$T/bat.h5" --rtol 0 --atol 0 --mtol 0 -q >"$T/log" 2>&1; then
   ok "bf16 with a split-K kernel for M >= 49: batch-1 CFG parallel and the batch-2 run differ ($(grep -o 'DIVERGE at step [0-9]* [^:]*' "$T/log"))"
 else bad "bf16 batch-variant runs are identical: FS_GEMM_SPLITK_ROWS had no effect"; fi
