@@ -73,6 +73,11 @@ static void usage(FILE *f)
             "  --ring R              ring attention degree (K/V rotate, LSE merge)\n"
             "  --ring-rotate M       allgather (as diffusers) or p2p (Isend/Irecv overlapped) [allgather]\n"
             "                        [default layout: tp = ranks if the heads divide, else ring]\n"
+            "  --cfg-parallel        with true CFG: the prompt's and the negative prompt's transformer calls on\n"
+            "                        two rank groups (sglang's, xDiT's CFG parallel), noise predictions\n"
+            "                        all-gathered; tp x ulysses x ring = ranks / 2 inside each group\n"
+            "  --cfg-batched         with true CFG on one rank: both calls as one forward of batch 2B, as\n"
+            "                        diffusers' classic CFG batches them (every GEMM twice the rows)\n"
             "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
             "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
@@ -260,7 +265,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -284,6 +289,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"estimate", no_argument, 0, O_ESTIMATE},     {"device-mem", required_argument, 0, O_DEVMEM},
         {"clean", required_argument, 0, O_CLEAN},
         {"true-cfg-scale", required_argument, 0, O_TRUECFG}, {"neg-txt-len", required_argument, 0, O_NEGTXT},
+        {"cfg-parallel", no_argument, 0, O_CFGPAR},   {"cfg-batched", no_argument, 0, O_CFGBAT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -418,6 +424,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             break;
         }
         case O_ESTIMATE: o->estimate = 1; break;
+        case O_CFGPAR: o->cfg_parallel = 1; break;
+        case O_CFGBAT: o->cfg_batched = 1; break;
         case O_DEVMEM: rc = parse_size(optarg, "--device-mem", &o->device_mem, e); break;
         case O_CLEAN:
             if (!*optarg) rc = fs_errf(e, FS_E_INPUT, "--clean: empty path");
@@ -449,6 +457,15 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
                                       "--true-cfg-scale/--neg-txt-len");
     if (o->gen.neg_txt_len && !(o->gen.true_cfg_scale > 0))
         return fs_errf(e, FS_E_INPUT, "--neg-txt-len sets the negative prompt of true CFG: add --true-cfg-scale");
+    if (o->cfg_parallel && !o->inputs && !(o->gen.true_cfg_scale > 0))
+        return fs_errf(e, FS_E_INPUT, "--cfg-parallel splits the two calls of true CFG over two rank groups: add "
+                                      "--true-cfg-scale (or --inputs of a true-CFG dump)");
+    if (o->cfg_batched && o->cfg_parallel)
+        return fs_errf(e, FS_E_INPUT, "--cfg-batched runs both calls of true CFG as one batch on one rank, --cfg-parallel "
+                                      "on two rank groups: choose one");
+    if (o->cfg_batched && !o->inputs && !(o->gen.true_cfg_scale > 0))
+        return fs_errf(e, FS_E_INPUT, "--cfg-batched batches the two calls of true CFG: add --true-cfg-scale (or --inputs "
+                                      "of a true-CFG dump)");
     return FS_OK;
 }
 
@@ -487,8 +504,9 @@ static int estimate_main(const opts *o, fs_err *e)
            "%lld text tokens, %d step%s\n",
            cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads * cfg.attention_head_dim,
            (double)e0.params * 1e-9, dtn, B, (long long)Si, (long long)St, steps, steps == 1 ? "" : "s");
-    printf("  layout: %d rank%s, tp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
-           tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "", (long long)e1.tokens_rank);
+    printf("  layout: %d rank%s, %stp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
+           o->cfg_parallel ? "cfg 2 x " : "", tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "",
+           (long long)e1.tokens_rank);
     printf("  per rank                            flux-sim here (CPU)   a GPU holding every weight\n");
     printf("    weights                           %10s%s   %10s\n", BY(0, e1.weight_bytes),
            e1.streamed ? " (streamed)" : "           ", BY(1, e1.weight_resident_bytes));

@@ -121,6 +121,7 @@ CASES=(
   "lse-base2|2|--ring 2|0 transformer_blocks.0.attn.to_out.0"
   "lse-shard-offset|2|--ring 2|0 transformer_blocks.0.attn.to_out.0"
   "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8|0 transformer_blocks.0.attn.to_out.0"
+  "cfg-uncond-sees-cond|2|--cfg-parallel --true-cfg-scale 4|0 context_embedder@1"
 )
 # every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
 kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')

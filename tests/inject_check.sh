@@ -48,6 +48,9 @@ CASES=(
   "lse-shard-offset|3|--ring 3 --ring-rotate p2p|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
   "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
   "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8 --lse-layout bsh|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 1;"
+  "cfg-uncond-sees-cond|2|--cfg-parallel --true-cfg-scale 4|0 context_embedder@1 held by rank(s) 1;"
+  "cfg-uncond-sees-cond|4|--cfg-parallel --true-cfg-scale 4 --tp 2|0 context_embedder@1 held by rank(s) 2, 3;"
+  "cfg-uncond-sees-cond|4|--cfg-parallel --true-cfg-scale 4 --config flux2-default --ring 2|0 context_embedder@1 held by rank(s) 2; pieces: rank 0: dim 1 [0,0); rank 2: dim 1 [0,7); rank 3: dim 1 [7,13)"
 )
 # Refused before any compute: ranks | options | expected: "cannot fire" or "fires but cannot change anything",
 # then a piece of the layout it ran under, then a piece of "it shows under ..." (the layouts named).
@@ -82,6 +85,7 @@ REFUSED=(
   "2|--ulysses 2 --inject lse-shard-offset|cannot fire|there is no ring attention|it shows under --ring >= 2"
   "2|--ring 2 --inject lse-layout-guessed|fires but cannot change anything|no rank's ring attention has as many query tokens as heads (S_local 25, 23; H = 8)|it shows under --ring >= 2 with some rank's ring-attention query length equal to its local head count"
   "4|--tp 2 --ring 2 --grid 2x4 --txt-len 8 --inject lse-layout-guessed|fires but cannot change anything|(S_local 8, 8; H = 4)|it shows under --ring >= 2 with some rank's ring-attention query length"
+  "2|--tp 2 --true-cfg-scale 4 --inject cfg-uncond-sees-cond|cannot fire|tp 2 x ulysses 1 x ring 1: the cond and uncond passes are not on separate rank groups|it shows under --cfg-parallel --true-cfg-scale S"
 )
 for c in "${REFUSED[@]}"; do
   IFS='|' read -r n opts kind where shows <<<"$c"

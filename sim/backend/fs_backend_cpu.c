@@ -373,9 +373,71 @@ static int cpu_attention_bf16(fs_tensor *out, fs_tensor *lse, fs_lse_layout layo
         }                                                                                                 \
     } while (0)
 
+/* FS_GEMM_SPLITK_ROWS=M0, a test tool: float32 and bfloat16 GEMMs of at least M0 rows accumulate K
+ * in two halves, summed in float32 (then + bias, one rounding) — another kernel for another M, as
+ * cuBLAS picks a split-K algorithm from the full shape (NVIDIA/TransformerEngine#2986; the physics
+ * of xDiT#510, docs/bugs.md B16). Batching true CFG's two calls doubles M, so with M0 between the
+ * two a batched run and a batch-1 run take different kernels. Unset: never. float64 never (the
+ * matched truth a bf16 run is judged against is computed in the same process). */
+static int splitk_rows(int64_t *m0, fs_err *e)
+{
+    static int64_t v = -1;
+    if (v < 0) {
+        const char *s = getenv("FS_GEMM_SPLITK_ROWS");
+        char *end = NULL;
+        long long x = s && *s ? strtoll(s, &end, 10) : 0;
+        if (s && *s && (*end || x < 1))
+            return fs_errf(e, FS_E_INPUT, "FS_GEMM_SPLITK_ROWS: '%s' is not a row count >= 1", s);
+        v = s && *s ? x : 0;
+    }
+    *m0 = v;
+    return FS_OK;
+}
+
+static int cpu_gemm_splitk(fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *W,
+                           int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
+{
+    const int bf = dt == FS_BF16;
+    const int64_t K1 = K / 2;
+    float *a = bf ? malloc(sizeof(float) * (size_t)(M * K)) : (float *)A,
+          *w = bf ? malloc(sizeof(float) * (size_t)(N * K)) : (float *)W, *b = bias ? up_buf(bias, dt, N) : NULL,
+          *c1 = malloc(sizeof(float) * (size_t)(M * N)), *c2 = malloc(sizeof(float) * (size_t)(M * N));
+    const int64_t la = bf ? K : lda, lw = bf ? K : ldw;
+    int rc = FS_OK;
+    if (!a || !w || (bias && !b) || !c1 || !c2) rc = NOMEM("gemm");
+    else {
+        if (bf) {
+            up_rows_into(a, A, M, K, lda);
+            up_rows_into(w, W, N, K, ldw);
+        }
+        cpu_gemm_f32(M, N, K1, a, la, w, lw, NULL, c1, N);
+        cpu_gemm_f32(M, N, K - K1, a + K1, la, w + K1, lw, NULL, c2, N);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                const float x = (c1[m * N + n] + c2[m * N + n]) + (b ? b[n] : 0.0f);
+                if (bf) ((uint16_t *)C)[m * ldc + n] = fs_bf16_from_float(x);
+                else ((float *)C)[m * ldc + n] = x;
+            }
+    }
+    if (bf) {
+        free(a);
+        free(w);
+    }
+    free(b);
+    free(c1);
+    free(c2);
+    return rc;
+}
+
 static int cpu_gemm(fs_backend *be, fs_dtype dt, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                     const void *W, int64_t ldw, const void *bias, void *C, int64_t ldc, fs_err *e)
 {
+    int64_t m0 = 0;
+    if ((dt == FS_BF16 || dt == FS_F32) && M > 0 && N > 0 && K >= 2) {
+        int rc = splitk_rows(&m0, e);
+        if (rc) return rc;
+        if (m0 && M >= m0) return cpu_gemm_splitk(dt, M, N, K, A, lda, W, ldw, bias, C, ldc, e);
+    }
     if (dt == FS_BF16) return cpu_gemm_bf16(M, N, K, A, lda, W, ldw, bias, C, ldc, e);
     if (dt == FS_F32 && bias) {
         cpu_gemm_bias_first_f32(M, N, K, A, lda, W, ldw, bias, C, ldc);

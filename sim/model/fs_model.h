@@ -27,6 +27,8 @@ typedef struct fs_model {
     int match_bf16;    /* --match bf16: the inputs' timesteps and guidance are what a bf16 transformer
                           embeds, /1000 (fs_inputs_match_bf16); embed x·1000 rounded to bf16 exactly
                           (docs/bf16.md) */
+    int cfg_batched;   /* true CFG on one rank: both calls in one forward of batch 2B (prompt rows
+                          first), as diffusers' classic CFG batches them (fs_sample; --cfg-batched) */
     const fs_par *par; /* NULL: single rank. Else the inputs given to fs_model_forward are this
                           rank's tokens (see fs_par.h) and TP follows par->plan. */
     /* called after each block with the blocks done of this forward and their total (double +

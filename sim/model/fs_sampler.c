@@ -156,6 +156,119 @@ static int cfg_record(void *ctx, const char *name, const fs_tensor *t, const fs_
     return c->inner.fn(c->inner.ctx, renamed, t, sh, e);
 }
 
+/* ---- --cfg-parallel: the two calls on two rank groups ----
+ * Group 0 runs the prompt's call while group 1 runs the negative prompt's (xDiT's and sglang's
+ * CFG parallel). A recorder is collective over the world (every module output is assembled on
+ * rank 0, or written to a parallel dump), so each rank keeps its call's records (host copies)
+ * and, after the noise predictions are exchanged, the records are replayed in the sequential
+ * order: the prompt's call, then the negative prompt's, renamed `name@k` as cfg_record names
+ * them. In each replay the group that ran the call holds the pieces; the other group takes part
+ * holding empty ones (same shape with the sharded axes of length 0), so the gather, the dump's
+ * sharding map and --check's rank attribution name the ranks that computed the tensor. A tensor
+ * replicated inside its group is then split along axis 0 across the world: [0, B) on the group
+ * that ran it, [0, 0) on the other one. */
+typedef struct cfg_entry {
+    char name[192];
+    fs_tensor t; /* host copy */
+    fs_shard sh;
+} cfg_entry;
+
+typedef struct cfg_buffer {
+    cfg_entry *v;
+    int n, cap;
+} cfg_buffer;
+
+static void cfg_buffer_clear(cfg_buffer *b)
+{
+    for (int i = 0; i < b->n; i++) fs_tensor_free(&b->v[i].t);
+    b->n = 0;
+}
+
+static int cfg_buffer_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    cfg_buffer *b = ctx;
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 256;
+        cfg_entry *nv = realloc(b->v, (size_t)cap * sizeof *nv);
+        if (!nv) return fs_errf(e, FS_E_NOMEM, "--cfg-parallel: out of memory keeping %s for the record", name);
+        b->v = nv;
+        b->cap = cap;
+    }
+    cfg_entry *c = &b->v[b->n];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    if (sh) c->sh = *sh;
+    int rc = fs_tensor_alloc(&c->t, t->dtype, t->ndim, t->shape, e);
+    if (!rc) rc = fs_tensor_download(&c->t, t, e);
+    if (rc) {
+        fs_tensor_free(&c->t);
+        return rc;
+    }
+    b->n++;
+    return FS_OK;
+}
+
+typedef struct cfg_header {
+    char name[192];
+    int32_t dtype, ndim;
+    int64_t shape[FS_MAX_DIMS];
+    fs_shard sh;
+} cfg_header;
+
+/* Replays call `pass`'s records (held by CFG rank `pass`) into `out`, collectively over the
+ * world: every rank calls `out` with the same names in the same order. */
+static int cfg_replay(const fs_par *p, cfg_buffer *b, int pass, fs_recorder out, fs_err *e)
+{
+    const int holder = p->cfg_rank == pass;
+    int n = holder ? b->n : 0, rc = FS_OK;
+    fs_bcast(&p->g_cfg, pass, &n, sizeof n);
+    for (int i = 0; i < n && !rc; i++) {
+        cfg_header h;
+        memset(&h, 0, sizeof h);
+        if (holder) {
+            const cfg_entry *c = &b->v[i];
+            snprintf(h.name, sizeof h.name, "%s", c->name);
+            h.dtype = (int32_t)c->t.dtype;
+            h.ndim = c->t.ndim;
+            memcpy(h.shape, c->t.shape, sizeof h.shape);
+            h.sh = c->sh;
+            if (h.sh.ndims == 0) /* replicated in the group: axis 0 whole here, empty on the other group */
+                h.sh = (fs_shard){.ndims = 1, .d = {{.dim = 0, .n = 1, .iv = {{0, h.shape[0]}}}}};
+        }
+        fs_bcast(&p->g_cfg, pass, &h, sizeof h);
+        fs_tensor empty = {0};
+        const fs_tensor *t = holder ? &b->v[i].t : &empty;
+        if (!holder) { /* the partner's piece, every sharded axis of length 0 */
+            for (int k = 0; k < h.sh.ndims; k++) {
+                h.shape[h.sh.d[k].dim] = 0;
+                h.sh.d[k].n = 1;
+                h.sh.d[k].iv[0][0] = h.sh.d[k].iv[0][1] = 0;
+            }
+            rc = fs_tensor_alloc(&empty, (fs_dtype)h.dtype, h.ndim, h.shape, e);
+        }
+        /* a failed allocation of an empty tensor: the others are already in the collective record */
+        if (!rc) rc = out.fn(out.ctx, h.name, t, &h.sh, e);
+        fs_tensor_free(&empty);
+    }
+    return rc;
+}
+
+/* The noise predictions of both calls on every rank of the CFG group: an all-gather over g_cfg
+ * (this rank's [B, n_q, C] piece from each group) into [2B, n_q, C], rows [0, B) the prompt's. */
+static int cfg_exchange(const fs_par *p, fs_backend *be, const fs_tensor *mine, fs_tensor *both, fs_err *e)
+{
+    int64_t shape[FS_MAX_DIMS], cnt[2], dsp[2];
+    memcpy(shape, mine->shape, sizeof shape);
+    shape[0] *= 2;
+    cnt[0] = cnt[1] = fs_tensor_numel(mine);
+    dsp[0] = 0;
+    dsp[1] = cnt[0];
+    int rc = fs_tensor_alloc_on(both, be, mine->dtype, mine->ndim, shape, e);
+    if (!rc) rc = fs_allgatherv_t(&p->g_cfg, mine, both, cnt, dsp, e);
+    if (rc) fs_tensor_free(both);
+    return rc;
+}
+
 /* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
 static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, fs_tensor *global, fs_err *e)
 {
@@ -188,6 +301,145 @@ out:
     return rc;
 }
 
+/* One step's two calls under --cfg-parallel: this rank's call (group 0 the prompt's, group 1 the
+ * negative prompt's), the noise predictions all-gathered over the CFG group, the records replayed
+ * in the sequential order, and v = v_neg + scale·(v − v_neg) computed on every rank by the same
+ * ops as the sequential run, so every rank holds the same bits. */
+static int cfg_parallel_step(const fs_model *ms, const fs_par *p, const fs_inputs *in, const fs_tensor *lat,
+                             const fs_tensor *ehs, const fs_tensor *pooled, const fs_tensor *tid, const fs_tensor *nehs,
+                             const fs_tensor *npooled, const fs_tensor *ntid, const double *ts, const double *g,
+                             const fs_tensor *iid, cfg_names *names, cfg_buffer *kept, fs_tensor *v, fs_err *e)
+{
+    fs_model mm = *ms;
+    const int uncond = p->cfg_rank == 1;
+    /* --inject cfg-uncond-sees-cond (vllm-omni#3646): the uncond group reuses the condition's
+     * cached text states (its K/V source) instead of the negative prompt's */
+    const int leak = uncond && fs_injected(p->inject, FS_INJ_CFG_UNCOND_SEES_COND);
+    if (leak) fs_inject_fire(FS_INJ_CFG_UNCOND_SEES_COND);
+    const fs_recorder world = ms->rec; /* cfg_record over the sink, or nothing */
+    if (world.fn) mm.rec = (fs_recorder){.fn = cfg_buffer_record, .ctx = kept};
+    fs_tensor mine = {0}, both = {0};
+    int rc = fs_model_forward(&mm, lat, uncond && !leak ? nehs : ehs, uncond ? npooled : pooled, ts, g, iid,
+                              uncond && !leak ? ntid : tid, &mine, e);
+    /* a rank whose call failed leaves now: its group may be inside one of the call's collectives,
+     * so agreeing here could hang; the job ends it (fs_job_must_abort), as a failure mid-loop does
+     * without CFG parallel */
+    if (!rc) rc = cfg_exchange(p, ms->be, &mine, &both, e);
+    fs_tensor_free(&mine);
+    if (!rc && world.fn) {
+        names->pass = 0;
+        if (!(rc = cfg_replay(p, kept, 0, world, e))) {
+            names->pass = 1;
+            rc = cfg_replay(p, kept, 1, world, e);
+        }
+    }
+    cfg_buffer_clear(kept);
+    if (rc) {
+        fs_tensor_free(&both);
+        return rc;
+    }
+    const int64_t B = both.shape[0] / 2;
+    fs_tensor vc = fs_tensor_rows(&both, 0, B), vn = fs_tensor_rows(&both, B, B);
+    if (!(rc = fs_tensor_alloc_on(v, ms->be, vc.dtype, vc.ndim, vc.shape, e)) &&
+        !(rc = ms->be->copy2d(ms->be, v->data, fs_tensor_nbytes(&vc), vc.data, fs_tensor_nbytes(&vc),
+                              fs_tensor_nbytes(&vc), 1, e)) &&
+        !(rc = ms->be->axpby(ms->be, v, 1.0, &vn, -1.0, e)))
+        rc = ms->be->axpby(ms->be, v, in->true_cfg_scale, &vn, 1.0, e);
+    fs_tensor_free(&both);
+    if (rc) fs_tensor_free(v);
+    return rc;
+}
+
+/* --cfg-batched: the two calls of true CFG as one forward of batch 2B — rows [0, B) the prompt's,
+ * [B, 2B) the negative prompt's — as diffusers' classic CFG and xDiT's batched CFG run them, so
+ * every GEMM has twice the rows (B16, xDiT#510: the GEMM may pick another kernel for another M).
+ * The records are split back into the two calls' names in the sequential order (the prompt's
+ * halves as they come, the negative prompt's kept and renamed after the forward), so the run
+ * compares tensor by tensor with the sequential and the CFG-parallel runs. */
+typedef struct cfg_split {
+    fs_recorder first; /* cfg_record, pass 0 */
+    cfg_buffer *kept;  /* the negative prompt's halves */
+    int64_t B;
+} cfg_split;
+
+static int cfg_split_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    cfg_split *c = ctx;
+    if (!strncmp(name, "pos_embed", 9)) { /* RoPE tables [S, Dh]: no batch axis, the same ids for both */
+        int rc = c->first.fn(c->first.ctx, name, t, sh, e);
+        return rc ? rc : cfg_buffer_record(c->kept, name, t, sh, e);
+    }
+    if (t->ndim < 1 || t->shape[0] != 2 * c->B)
+        return fs_errf(e, FS_E_INTERNAL, "--cfg-batched: %s has %lld rows on its first axis, not the batch 2 x %lld", name,
+                       (long long)(t->ndim ? t->shape[0] : 0), (long long)c->B);
+    fs_tensor a = fs_tensor_rows(t, 0, c->B), b = fs_tensor_rows(t, c->B, c->B);
+    int rc = c->first.fn(c->first.ctx, name, &a, sh, e);
+    return rc ? rc : cfg_buffer_record(c->kept, name, &b, sh, e);
+}
+
+/* dst rows [0, B) = x, [B, 2B) = y: the batch of both calls, in backend memory. */
+static int cat_batch(fs_backend *be, const fs_tensor *x, const fs_tensor *y, fs_tensor *dst, fs_err *e)
+{
+    int64_t shape[FS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[0] *= 2;
+    const size_t n = fs_tensor_nbytes(x);
+    int rc = fs_tensor_nbytes(y) == n ? FS_OK
+                                      : fs_errf(e, FS_E_INPUT, "--cfg-batched needs a negative prompt shaped like the prompt");
+    if (!rc) rc = fs_tensor_alloc_on(dst, be, x->dtype, x->ndim, shape, e);
+    if (!rc && n && !(rc = be->copy2d(be, dst->data, n, x->data, n, n, 1, e)))
+        rc = be->copy2d(be, (char *)dst->data + n, n, y->data, n, n, 1, e);
+    return rc;
+}
+
+static int cfg_batched_step(const fs_model *ms, const fs_inputs *in, const fs_tensor *lat, const fs_tensor *ehs,
+                            const fs_tensor *pooled, const fs_tensor *tid, const fs_tensor *nehs, const fs_tensor *npooled,
+                            const fs_tensor *ntid, const double *ts, const double *g, const fs_tensor *iid,
+                            cfg_names *names, cfg_buffer *kept, fs_tensor *v, fs_err *e)
+{
+    fs_backend *be = ms->be;
+    const int64_t B = lat->shape[0];
+    fs_tensor lat2 = {0}, ehs2 = {0}, pooled2 = {0}, v2 = {0};
+    double *ts2 = malloc(sizeof(double) * 4 * (size_t)B), *g2 = ts2 ? ts2 + 2 * B : NULL;
+    int rc = ts2 ? FS_OK : fs_errf(e, FS_E_NOMEM, "out of memory");
+    /* one set of text ids serves both halves: the prompts' ids must be the same */
+    if (!rc && (fs_tensor_nbytes(tid) != fs_tensor_nbytes(ntid) || memcmp(tid->data, ntid->data, fs_tensor_nbytes(tid))))
+        rc = fs_errf(e, FS_E_INPUT, "--cfg-batched batches the prompt and the negative prompt into one forward: they need "
+                                    "the same text length (%lld vs %lld tokens) and ids",
+                     (long long)tid->shape[0], (long long)ntid->shape[0]);
+    if (!rc && !(rc = cat_batch(be, lat, lat, &lat2, e)) && !(rc = cat_batch(be, ehs, nehs, &ehs2, e)) && pooled->ndim)
+        rc = cat_batch(be, pooled, npooled, &pooled2, e);
+    if (!rc) {
+        for (int64_t b = 0; b < 2 * B; b++) {
+            ts2[b] = ts[b % B];
+            if (g) g2[b] = g[b % B];
+        }
+        fs_model mm = *ms;
+        cfg_split split = {.first = ms->rec, .kept = kept, .B = B};
+        if (ms->rec.fn) mm.rec = (fs_recorder){.fn = cfg_split_record, .ctx = &split};
+        rc = fs_model_forward(&mm, &lat2, &ehs2, &pooled2, ts2, g ? g2 : NULL, iid, tid, &v2, e);
+    }
+    for (int i = 0; !rc && ms->rec.fn && i < kept->n; i++) { /* the negative prompt's records, renamed */
+        names->pass = 1;
+        rc = ms->rec.fn(ms->rec.ctx, kept->v[i].name, &kept->v[i].t, &kept->v[i].sh, e);
+    }
+    cfg_buffer_clear(kept);
+    if (!rc) {
+        fs_tensor vc = fs_tensor_rows(&v2, 0, B), vn = fs_tensor_rows(&v2, B, B);
+        const size_t n = fs_tensor_nbytes(&vc);
+        if (!(rc = fs_tensor_alloc_on(v, be, vc.dtype, vc.ndim, vc.shape, e)) &&
+            !(rc = be->copy2d(be, v->data, n, vc.data, n, n, 1, e)) && !(rc = be->axpby(be, v, 1.0, &vn, -1.0, e)))
+            rc = be->axpby(be, v, in->true_cfg_scale, &vn, 1.0, e);
+        if (rc) fs_tensor_free(v);
+    }
+    free(ts2);
+    fs_tensor_free(&lat2);
+    fs_tensor_free(&ehs2);
+    fs_tensor_free(&pooled2);
+    fs_tensor_free(&v2);
+    return rc;
+}
+
 int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks, fs_tensor *latents, fs_err *e)
 {
     static const fs_step_hooks none = {0};
@@ -197,7 +449,10 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     fs_backend *be = m->be;
     fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0}, nehs = {0}, npooled = {0}, ntid = {0};
     cfg_names names = {.inner = m->rec};
+    cfg_buffer kept = {0};
     const int cfg = in->true_cfg_scale > 0;
+    const int cfgpar = cfg && p && p->cfg_par > 1; /* --cfg-parallel: this rank runs one of the two calls */
+    const int cfgbat = cfg && !cfgpar && m->cfg_batched; /* --cfg-batched: both calls in one forward */
     double *ts = NULL;
     int rc;
     memset(latents, 0, sizeof *latents);
@@ -255,8 +510,15 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
             ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
         }
         const double *g = in->has_guidance ? in->guidance.data : NULL;
-        rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
-        if (!rc && cfg) { /* v = v_neg + scale·(v − v_neg): the pipeline's ops, rounded as they are */
+        if (cfgpar)
+            rc = cfg_parallel_step(&ms, p, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names,
+                                   &kept, &v, e);
+        else if (cfgbat)
+            rc = cfg_batched_step(&ms, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names, &kept,
+                                  &v, e);
+        else
+            rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
+        if (!rc && cfg && !cfgpar && !cfgbat) { /* v = v_neg + scale·(v − v_neg): the pipeline's ops, rounded as they are */
             fs_tensor vn = {0};
             names.pass = 1;
             if (!(rc = fs_model_forward(&ms, &lat, &nehs, &npooled, ts, g, &iid, &ntid, &vn, e)) &&
@@ -283,6 +545,8 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         }
     }
 out:
+    cfg_buffer_clear(&kept);
+    free(kept.v);
     free(ts);
     free(names.base);
     free(names.calls);

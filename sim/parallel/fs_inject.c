@@ -107,6 +107,14 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                    "vllm-omni#5543", FS_INJ_NEEDS_RING | FS_INJ_MATTERS_SQ_EQ_H | FS_INJ_REPORTS,
                                    "--ring >= 2 with some rank's ring-attention query length equal to its local head "
                                    "count (e.g. the default 8 heads, --ring 2 --grid 2x4 --txt-len 8: 8 tokens a rank)"},
+    [FS_INJ_CFG_UNCOND_SEES_COND] = {"cfg-uncond-sees-cond",
+                                     "CFG parallel: the negative prompt's rank group runs its transformer call on the "
+                                     "prompt's cached text states instead of the negative prompt's (the pooled vector "
+                                     "stays the negative one)",
+                                     "vllm-omni#3646 (B23: the condition's KV cache leaked into the unconditional pass)",
+                                     FS_INJ_NEEDS_CFGPAR | FS_INJ_REPORTS,
+                                     "--cfg-parallel --true-cfg-scale S, with any inner layout (e.g. -np 2 "
+                                     "--cfg-parallel --true-cfg-scale 4)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},

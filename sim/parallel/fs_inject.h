@@ -32,6 +32,7 @@ typedef enum fs_inj_id {
     FS_INJ_LSE_BASE2,
     FS_INJ_LSE_SHARD_OFFSET,
     FS_INJ_LSE_LAYOUT_GUESSED,
+    FS_INJ_CFG_UNCOND_SEES_COND,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -85,6 +86,7 @@ enum fs_inj_need {
     FS_INJ_NEEDS_FLUX2 = 1u << 14, /* a FLUX.2 model: its packed column-parallel Linears exist */
     FS_INJ_MATTERS_TXT_IDS_MOVE = 1u << 15, /* some rank's text ids differ from the text start's (FLUX.2) */
     FS_INJ_MATTERS_SQ_EQ_H = 1u << 16, /* some rank's ring attention has as many query tokens as heads (> 1) */
+    FS_INJ_NEEDS_CFGPAR = 1u << 23, /* --cfg-parallel with true CFG: the negative prompt's pass runs on its own ranks */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

@@ -47,6 +47,12 @@ static const char *layouts_that_fit(const fs_config *c, int world, char *alt, si
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int u, int r, fs_ring_rotate rotate,
                 const fs_plan *plan, fs_err *e)
 {
+    return fs_par_init_cfg(p, world, c, 1, tp, u, r, rotate, plan, e);
+}
+
+int fs_par_init_cfg(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int u, int r,
+                    fs_ring_rotate rotate, const fs_plan *plan, fs_err *e)
+{
     memset(p, 0, sizeof *p);
     char why[256], alt[512];
     /* the product in 64 bits, checked: an int product overflowed (undefined behaviour) and printed
@@ -56,12 +62,22 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
     const int ovf = __builtin_mul_overflow((int64_t)tp * u, (int64_t)r, &ranks);
     if (ovf) snprintf(nr, sizeof nr, "more than 2^63");
     else snprintf(nr, sizeof nr, "%lld", (long long)ranks);
-    if (tp < 1 || u < 1 || r < 1 || ovf || ranks != world->size)
-        return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %s ranks, but the job has %d; layouts for %d ranks: %s",
-                       tp, u, r, nr, world->size, world->size, layouts_that_fit(c, world->size, alt, sizeof alt));
+    if (cfg != 1 && cfg != 2) return fs_errf(e, FS_E_INPUT, "CFG-parallel degree %d: true CFG has 2 passes (1 or 2)", cfg);
+    if (cfg == 2 && world->size % 2)
+        return fs_errf(e, FS_E_INPUT, "--cfg-parallel needs an even number of ranks (two rank groups), the job has %d",
+                       world->size);
+    const int inner = world->size / cfg;
+    if (tp < 1 || u < 1 || r < 1 || ovf || ranks != inner) {
+        if (cfg == 1)
+            return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d = %s ranks, but the job has %d; layouts for %d ranks: %s",
+                           tp, u, r, nr, world->size, world->size, layouts_that_fit(c, world->size, alt, sizeof alt));
+        return fs_errf(e, FS_E_INPUT, "--cfg-parallel: layout tp %d x ulysses %d x ring %d = %s ranks in each of the 2 CFG "
+                       "groups, but the job has %d ranks (%d per group); layouts for %d ranks: %s",
+                       tp, u, r, nr, world->size, inner, inner, layouts_that_fit(c, inner, alt, sizeof alt));
+    }
     if (layout_problem(c, tp, u, r, why, sizeof why))
         return fs_errf(e, FS_E_INPUT, "layout tp %d x ulysses %d x ring %d cannot run this model: %s; layouts that can: %s",
-                       tp, u, r, why, layouts_that_fit(c, world->size, alt, sizeof alt));
+                       tp, u, r, why, layouts_that_fit(c, inner, alt, sizeof alt));
     p->world = world->size;
     p->rank = world->rank;
     p->g_world = world;
@@ -72,17 +88,23 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
     p->rotate = rotate;
     p->plan = plan;
     p->cfg = c;
-    p->tp_rank = world->rank % tp;
-    p->sp_rank = world->rank / tp;
+    p->cfg_par = cfg;
+    p->cfg_rank = world->rank / inner;
+    const int in_rank = world->rank % inner, k = p->cfg_rank; /* k: each CFG group its own colours */
+    p->tp_rank = in_rank % tp;
+    p->sp_rank = in_rank / tp;
     p->u_rank = p->sp_rank % u;
     p->r_rank = p->sp_rank / u;
     int rc;
     /* TP group: same sp_rank. SP group: same tp_rank. Ulysses group: same tp_rank and ring
-     * rank. Ring group: same tp_rank and ulysses rank. Keys keep the natural order. */
-    if ((rc = fs_group_split(world, p->sp_rank, p->tp_rank, &p->g_tp, e)) ||
-        (rc = fs_group_split(world, p->tp_rank, p->sp_rank, &p->g_sp, e)) ||
-        (rc = fs_group_split(world, p->tp_rank * r + p->r_rank, p->u_rank, &p->g_u, e)) ||
-        (rc = fs_group_split(world, p->tp_rank * u + p->u_rank, p->r_rank, &p->g_r, e))) {
+     * rank. Ring group: same tp_rank and ulysses rank. Keys keep the natural order. All of them
+     * inside this rank's CFG group (k = 0 without --cfg-parallel: the colours of before). The CFG
+     * group: the ranks of the same inner position, ordered by CFG rank. */
+    if ((rc = fs_group_split(world, k * p->sp + p->sp_rank, p->tp_rank, &p->g_tp, e)) ||
+        (rc = fs_group_split(world, k * tp + p->tp_rank, p->sp_rank, &p->g_sp, e)) ||
+        (rc = fs_group_split(world, k * tp * r + p->tp_rank * r + p->r_rank, p->u_rank, &p->g_u, e)) ||
+        (rc = fs_group_split(world, k * tp * u + p->tp_rank * u + p->u_rank, p->r_rank, &p->g_r, e)) ||
+        (rc = fs_group_split(world, in_rank, p->cfg_rank, &p->g_cfg, e))) {
         fs_par_free(p);
         return rc;
     }
@@ -138,13 +160,14 @@ void fs_par_free(fs_par *p)
     fs_group_free(&p->g_sp);
     fs_group_free(&p->g_u);
     fs_group_free(&p->g_r);
+    fs_group_free(&p->g_cfg);
     free(p->txt_lo);
     memset(p, 0, sizeof *p);
 }
 
 const char *fs_par_describe(const fs_par *p, char *buf, size_t n)
 {
-    snprintf(buf, n, "tp %d x ulysses %d x ring %d%s", p->tp, p->ulysses, p->ring,
+    snprintf(buf, n, "%stp %d x ulysses %d x ring %d%s", p->cfg_par > 1 ? "cfg 2 x " : "", p->tp, p->ulysses, p->ring,
              p->ring > 1 ? (p->rotate == FS_RING_P2P ? " (ring p2p)" : " (ring allgather)") : "");
     return buf;
 }

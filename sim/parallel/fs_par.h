@@ -24,6 +24,12 @@ typedef enum fs_ring_rotate { FS_RING_ALLGATHER = 0, FS_RING_P2P } fs_ring_rotat
 typedef struct fs_par {
     int world, rank;
     int tp, ulysses, ring, sp;            /* degrees; sp = ulysses · ring */
+    /* --cfg-parallel: cfg_par = 2 rank groups of tp·sp ranks each, rank = cfg_rank · (tp·sp) + its rank
+     * inside the group (xDiT's "tp-sp-pp-cfg-dp" order: CFG outside TP and SP). Group 0 runs the
+     * prompt's transformer call, group 1 the negative prompt's; g_cfg pairs the ranks of the same
+     * inner position (size cfg_par), over which the noise predictions are all-gathered. 1: none. */
+    int cfg_par, cfg_rank;
+    fs_group g_cfg;
     int tp_rank, u_rank, r_rank, sp_rank; /* this rank's coordinates */
     fs_group g_tp, g_u, g_r, g_sp;        /* groups (of size 1 when the degree is 1) */
     const fs_group *g_world;
@@ -41,6 +47,10 @@ typedef struct fs_par {
  * cannot work and lists the layouts that would. */
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int ulysses, int ring,
                 fs_ring_rotate rotate, const fs_plan *plan, fs_err *e);
+/* The same with cfg CFG-parallel rank groups (cfg 1 or 2): world = cfg · tp · ulysses · ring, and
+ * every TP/SP group lies inside one CFG group. */
+int fs_par_init_cfg(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int ulysses, int ring,
+                    fs_ring_rotate rotate, const fs_plan *plan, fs_err *e);
 /* The layout plain `mpirun -np N flux-sim` uses: TP over N if the heads divide (then the hidden
  * and MLP widths do too, D = H·Dh), else ring over N (any N: uneven token shards are exact). */
 void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses, int *ring);

@@ -26,6 +26,8 @@ static const char *missing_why(unsigned bit)
     case FS_INJ_NEEDS_FLUX2:
         return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
                "to_qkv_mlp_proj are)";
+    case FS_INJ_NEEDS_CFGPAR:
+        return "the cond and uncond passes are not on separate rank groups (no --cfg-parallel, or no true CFG)";
     default: return "?";
     }
 }
@@ -178,7 +180,8 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_P2P, p->ring >= 2 && p->rotate == FS_RING_P2P},
                       {FS_INJ_NEEDS_SP, p->sp >= 2},
                       {FS_INJ_NEEDS_GUID, inp->has_guidance},
-                      {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2}};
+                      {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2},
+                      {FS_INJ_NEEDS_CFGPAR, p->cfg_par > 1 && inp->true_cfg_scale > 0}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)
             if ((nd & layout[b].need) && !layout[b].have)
                 return fs_errf(e, FS_E_INPUT, "--inject %s cannot fire under %s: %s; it shows under %s", spec, lay,

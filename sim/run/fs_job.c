@@ -228,7 +228,7 @@ static int refuse_if_too_big(const fs_job_opts *o, const fs_config *cfg, int B, 
                              const fs_select *sel, int world_size, int ranks_here, fs_err *e)
 {
     int tp = o->tp, uly = o->ulysses, ring = o->ring; /* the layout run() will pick */
-    if (!tp && !uly && !ring) fs_par_default_layout(cfg, world_size, &tp, &uly, &ring);
+    if (!tp && !uly && !ring) fs_par_default_layout(cfg, world_size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
     tp = tp ? tp : 1;
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
@@ -282,7 +282,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     if (!rc) /* the run would refuse it up front too */
         rc = fs_select_check_model(&sel, &cfg, o->inputs ? in.true_cfg_scale > 0 : o->gen.true_cfg_scale > 0, e);
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
-    if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size, &tp, &uly, &ring);
+    if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
     tp = tp ? tp : 1;
     uly = uly ? uly : 1;
     ring = ring ? ring : 1;
@@ -336,7 +336,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     est->tp = tp;
     est->ulysses = uly;
     est->ring = ring;
-    est->ranks = n;
+    est->ranks = n * (o->cfg_parallel ? 2 : 1); /* --cfg-parallel: two groups of this layout */
     est->r0 = r0;
     est->r1 = r1;
     est->e0 = e0;
@@ -344,7 +344,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     /* every rank of the layout on this machine, saturating like fs_estimate (a wrapped sum printed
      * "need 6.6 EiB" for ~215 EiB, and could have wrapped below the limit) */
     uint64_t others, here;
-    if (__builtin_mul_overflow((uint64_t)(n > 1 ? n - 1 : 0), e1.rank_bytes, &others) ||
+    if (__builtin_mul_overflow((uint64_t)(est->ranks > 1 ? est->ranks - 1 : 0), e1.rank_bytes, &others) ||
         __builtin_add_overflow(e0.rank_bytes, others, &here))
         here = UINT64_MAX;
     est->here_bytes = here;
@@ -429,14 +429,29 @@ static int configure_layout(fs_job *j, fs_err *e)
     int rc = FS_OK;
     /* 2. layout and plan */
     j->tp = o->tp, j->uly = o->ulysses, j->ring = o->ring;
-    if (!j->tp && !j->uly && !j->ring) fs_par_default_layout(&j->cfg, world->size, &j->tp, &j->uly, &j->ring);
+    const int ncfg = o->cfg_parallel ? 2 : 1; /* --cfg-parallel: the layout is each CFG group's */
+    if (!j->tp && !j->uly && !j->ring) fs_par_default_layout(&j->cfg, world->size / ncfg, &j->tp, &j->uly, &j->ring);
     j->tp = j->tp ? j->tp : 1;
     j->uly = j->uly ? j->uly : 1;
     j->ring = j->ring ? j->ring : 1;
     rc = o->plan ? fs_plan_load(&j->plan, o->plan, e) : fs_plan_parse(&j->plan, fs_plan_default_text_for(&j->cfg), j->cfg.family == FS_FLUX2 ? "built-in FLUX.2 plan" : "built-in plan", e);
     if (!rc)
-        rc = fs_par_init(&j->par, world, &j->cfg, j->tp, j->uly, j->ring,
-                         o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &j->plan, e);
+        rc = fs_par_init_cfg(&j->par, world, &j->cfg, ncfg, j->tp, j->uly, j->ring,
+                             o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &j->plan, e);
+    if (!rc && ncfg > 1 && !(j->in.true_cfg_scale > 0)) /* --inputs of a dump without true CFG */
+        rc = fs_errf(e, FS_E_INPUT, "--cfg-parallel splits the two calls of true CFG over two rank groups, but %s has "
+                                    "no true CFG (no negative prompt or true_cfg_scale)", o->inputs ? o->inputs : "this run");
+    if (!rc && o->cfg_batched) { /* one forward of batch 2B: one rank, one prompt length */
+        if (!(j->in.true_cfg_scale > 0))
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched batches the two calls of true CFG, but %s has no true CFG",
+                         o->inputs ? o->inputs : "this run");
+        else if (world->size > 1)
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched runs on one rank (the job has %d); the parallel form of true CFG is "
+                                        "--cfg-parallel", world->size);
+        else if (j->in.S_neg != j->in.S_txt)
+            rc = fs_errf(e, FS_E_INPUT, "--cfg-batched stacks the prompt and the negative prompt into one batch: they need "
+                                        "the same length (%d vs %d text tokens)", j->in.S_neg, j->in.S_txt);
+    }
     j->par.inject = o->inject.mask ? &o->inject : NULL; /* before the partition: seq-uneven-chunk */
     if (!rc) rc = fs_par_set_seq(&j->par, j->in.S_txt, j->in.S_img, e);
     if (!rc) rc = fs_inject_refuse(j->par.inject, &j->par, &j->cfg, &j->in, e); /* an --inject that cannot act: exit 2 */
@@ -675,7 +690,8 @@ int fs_job_run(fs_job *j, fs_err *e)
 
     /* 6. the run in this layout */
     fs_model m = {.cfg = j->cfg, .dtype = j->dt, .w = &j->wb, .stream = j->w.streaming ? &j->w : NULL, .be = j->be,
-                  .par = &j->par, .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog};
+                  .par = &j->par, .match_bf16 = o->match != NULL, .on_block = fs_progress_block, .on_block_ctx = &j->prog,
+                  .cfg_batched = o->cfg_batched};
     /* decided from the options, which every rank has — `dump` exists on rank 0 only, and a
      * collective that one rank skips is a hang */
     const int recording = o->dump || o->dump_per_rank || j->check;

@@ -43,6 +43,8 @@ typedef struct fs_job_opts {
     int gen_opt_given;
     int estimate;        /* --estimate: print what the run needs, compute nothing */
     uint64_t device_mem; /* --device-mem: a GPU's memory, for --estimate's verdict (0: none given) */
+    int cfg_parallel;    /* --cfg-parallel: true CFG's two calls on two rank groups (fs_par.h) */
+    int cfg_batched;     /* --cfg-batched: true CFG's two calls as one forward of batch 2B (one rank) */
 } fs_job_opts;
 
 /* The dtype of --precision (fp32, fp64, bf16). */

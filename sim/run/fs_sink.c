@@ -176,6 +176,7 @@ char *fs_parallel_json(const fs_par *par, int rank, const char *plan_source, cJS
     cJSON_AddNumberToObject(mesh, "tp", par->tp);
     cJSON_AddNumberToObject(mesh, "ulysses", par->ulysses);
     cJSON_AddNumberToObject(mesh, "ring", par->ring);
+    if (par->cfg_par > 1) cJSON_AddNumberToObject(mesh, "cfg", par->cfg_par); /* --cfg-parallel: outermost */
     cJSON_AddItemToObject(pj, "mesh", mesh);
     cJSON_AddStringToObject(pj, "ring_rotate", par->rotate == FS_RING_P2P ? "p2p" : "allgather");
     cJSON_AddStringToObject(pj, "tp_plan", plan_source);
