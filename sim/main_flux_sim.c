@@ -78,6 +78,12 @@ static void usage(FILE *f)
             "                        all-gathered; tp x ulysses x ring = ranks / 2 inside each group\n"
             "  --cfg-batched         with true CFG on one rank: both calls as one forward of batch 2B, as\n"
             "                        diffusers' classic CFG batches them (every GEMM twice the rows)\n"
+            "  --text P              under --ulysses/--ring: sharded (split like the image tokens, as\n"
+            "                        diffusers) or replicated (every rank holds all text tokens, only the image\n"
+            "                        tokens are split, as xDiT / sglang / vllm-omni) [sharded]\n"
+            "  --joint J             with --text replicated: the ring step the text K/V join the keys at, front\n"
+            "                        (first step, in front) or rear (last step, behind), as xDiT's\n"
+            "                        joint_strategy [front]\n"
             "  --allreduce-order O   bf16 runs: the order TP partials are summed in, one bf16 rounding per\n"
             "                        addition: rank, reverse, or ring (NCCL's per-chunk order) [rank]\n"
             "  --plan FILE           tensor-parallel plan to run instead of the built-in one\n"
@@ -265,7 +271,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT, O_TEXT, O_JOINT };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -290,6 +296,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"clean", required_argument, 0, O_CLEAN},
         {"true-cfg-scale", required_argument, 0, O_TRUECFG}, {"neg-txt-len", required_argument, 0, O_NEGTXT},
         {"cfg-parallel", no_argument, 0, O_CFGPAR},   {"cfg-batched", no_argument, 0, O_CFGBAT},
+        {"text", required_argument, 0, O_TEXT},       {"joint", required_argument, 0, O_JOINT},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -398,6 +405,16 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             if (strcmp(optarg, "allgather") && strcmp(optarg, "p2p"))
                 rc = fs_errf(e, FS_E_INPUT, "--ring-rotate: '%s' is not allgather or p2p", optarg);
             break;
+        case O_TEXT:
+            o->text = optarg;
+            if (strcmp(optarg, "sharded") && strcmp(optarg, "replicated"))
+                rc = fs_errf(e, FS_E_INPUT, "--text: '%s' is not sharded or replicated", optarg);
+            break;
+        case O_JOINT:
+            o->joint = optarg;
+            if (strcmp(optarg, "front") && strcmp(optarg, "rear"))
+                rc = fs_errf(e, FS_E_INPUT, "--joint: '%s' is not front or rear", optarg);
+            break;
         case O_PLAN: o->plan = optarg; break;
         case O_PPLAN: { /* the plan of --config's family, when --config came first and is a preset or
                            file we can read; FLUX.1's otherwise */
@@ -455,6 +472,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
                                       "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler/"
                                       "--true-cfg-scale/--neg-txt-len");
+    if (o->joint && !(o->text && !strcmp(o->text, "replicated")))
+        return fs_errf(e, FS_E_INPUT, "--joint places the replicated text's K/V in the ring: add --text replicated");
     if (o->gen.neg_txt_len && !(o->gen.true_cfg_scale > 0))
         return fs_errf(e, FS_E_INPUT, "--neg-txt-len sets the negative prompt of true CFG: add --true-cfg-scale");
     if (o->cfg_parallel && !o->inputs && !(o->gen.true_cfg_scale > 0))

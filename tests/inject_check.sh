@@ -51,6 +51,10 @@ CASES=(
   "cfg-uncond-sees-cond|2|--cfg-parallel --true-cfg-scale 4|0 context_embedder@1 held by rank(s) 1;"
   "cfg-uncond-sees-cond|4|--cfg-parallel --true-cfg-scale 4 --tp 2|0 context_embedder@1 held by rank(s) 2, 3;"
   "cfg-uncond-sees-cond|4|--cfg-parallel --true-cfg-scale 4 --config flux2-default --ring 2|0 context_embedder@1 held by rank(s) 2; pieces: rank 0: dim 1 [0,0); rank 2: dim 1 [0,7); rank 3: dim 1 [7,13)"
+  "replicated-text-rotated|2|--text replicated --ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
+  "joint-kv-wrong-step|4|--text replicated --ulysses 2 --ring 2 --joint rear|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
+  "replicated-kv-a2a|2|--text replicated --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
+  "replicated-kv-a2a|4|--text replicated --tp 2 --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0, 1;"
 )
 # Refused before any compute: ranks | options | expected: "cannot fire" or "fires but cannot change anything",
 # then a piece of the layout it ran under, then a piece of "it shows under ..." (the layouts named).
@@ -86,6 +90,10 @@ REFUSED=(
   "2|--ring 2 --inject lse-layout-guessed|fires but cannot change anything|no rank's ring attention has as many query tokens as heads (S_local 25, 23; H = 8)|it shows under --ring >= 2 with some rank's ring-attention query length equal to its local head count"
   "4|--tp 2 --ring 2 --grid 2x4 --txt-len 8 --inject lse-layout-guessed|fires but cannot change anything|(S_local 8, 8; H = 4)|it shows under --ring >= 2 with some rank's ring-attention query length"
   "2|--tp 2 --true-cfg-scale 4 --inject cfg-uncond-sees-cond|cannot fire|tp 2 x ulysses 1 x ring 1: the cond and uncond passes are not on separate rank groups|it shows under --cfg-parallel --true-cfg-scale S"
+  "2|--ring 2 --inject replicated-text-rotated|cannot fire|ring 2 (ring allgather): the text is not replicated|it shows under --text replicated --ring >= 2 --ulysses 1"
+  "4|--text replicated --ulysses 2 --ring 2 --inject replicated-text-rotated|cannot fire|text replicated (joint front): with --ulysses >= 2 a dispatch keyed on the Ulysses degree|it shows under --text replicated --ring >= 2 --ulysses 1"
+  "2|--text replicated --ulysses 2 --inject joint-kv-wrong-step|cannot fire|there is no ring attention|it shows under --text replicated --ring >= 2"
+  "2|--text replicated --ring 2 --inject replicated-kv-a2a|cannot fire|there is no Ulysses all-to-all|it shows under --text replicated --ulysses >= 2"
 )
 for c in "${REFUSED[@]}"; do
   IFS='|' read -r n opts kind where shows <<<"$c"

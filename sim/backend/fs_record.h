@@ -24,6 +24,12 @@ typedef struct fs_shard_dim {
 typedef struct fs_shard {
     int ndims;
     fs_shard_dim d[2];
+    /* Which independent computation of its elements this piece is: 0 for every layout that
+     * computes each element once (and replicated tensors, whose copies must be bit-identical).
+     * Under --text replicated with ring > 1 each ring rank computes the whole text itself, its
+     * queries merged over the ring in its own order: the text's copies differ in rounding, and
+     * each copy is judged on its own (fs_gather.h). */
+    int copy;
 } fs_shard;
 
 typedef int (*fs_record_fn)(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e);

@@ -76,6 +76,10 @@ static void make_shard(const fs_layer_ctx *c, const fs_tensor *t, int stream, in
             d->iv[d->n++][1] = off + p->img_hi[q];
         }
     }
+    /* replicated text through ring attention: each ring rank merges its text queries' partials in
+     * its own order, so its copy of the text is its own computation (fs_shard.copy) */
+    if (p->sp > 1 && (stream == ST_TXT || stream == ST_JOINT) && p->ring > 1 && p->text == FS_TEXT_REPLICATED)
+        sh->copy = p->r_rank;
     if (f.sp && fs_tp_split_rows(f.sp) < f.sp->N) { /* the rows this rank computed = its features */
         fs_shard_dim *d = &sh->d[sh->ndims++];
         d->dim = f.axis < 0 ? t->ndim - 1 : f.axis;

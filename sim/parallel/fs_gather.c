@@ -8,7 +8,7 @@
 
 static int same_piece(const fs_piece *a, const fs_piece *b)
 {
-    if (a->ndim != b->ndim || a->sh.ndims != b->sh.ndims) return 0;
+    if (a->ndim != b->ndim || a->sh.ndims != b->sh.ndims || a->sh.copy != b->sh.copy) return 0;
     for (int d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d]) return 0;
     for (int k = 0; k < a->sh.ndims; k++) {
@@ -34,6 +34,24 @@ static int64_t to_global(const fs_piece *p, int dim, int64_t li)
         return -1;
     }
     return li;
+}
+
+/* Global flat index of local element li of piece p in a tensor of gshape; 0 if outside. */
+static int piece_global_index(const fs_piece *p, int64_t li, const int64_t *gshape, int64_t *gi_out)
+{
+    int64_t rem = li, gi = 0, stride = 1, idx[FS_MAX_DIMS];
+    for (int d = p->ndim - 1; d >= 0; d--) {
+        idx[d] = rem % p->shape[d];
+        rem /= p->shape[d];
+    }
+    for (int d = p->ndim - 1; d >= 0; d--) {
+        int64_t gd = to_global(p, d, idx[d]);
+        if (gd < 0 || gd >= gshape[d]) return 0;
+        gi += gd * stride;
+        stride *= gshape[d];
+    }
+    *gi_out = gi;
+    return 1;
 }
 
 const char *fs_piece_describe(const fs_piece *p, char *buf, size_t n)
@@ -183,37 +201,75 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *dev, const fs_shar
                 return fs_errf(e, FS_E_NOMEM, "out of memory");
             }
             const size_t es = fs_dtype_size(t->dtype);
-            for (int r = 0; r < W; r++) {
-                if (!send[r]) continue;
-                const fs_piece *p = &g->pieces[r];
-                int64_t n = 1;
-                for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
-                const char *src = buf + dsp[r];
-                for (int64_t li = 0; li < n; li++) {
-                    int64_t rem = li, gi = 0, stride = 1, ok = 1;
-                    int64_t idx[FS_MAX_DIMS];
-                    for (int d = p->ndim - 1; d >= 0; d--) {
-                        idx[d] = rem % p->shape[d];
-                        rem /= p->shape[d];
+            /* copy 0's pieces first, then the other copies' (fs_shard.copy), each in rank order:
+             * the global tensor takes an element from the first piece that holds it; a later
+             * piece of the same copy must hold the same bytes (the layout replicates those tokens:
+             * --text replicated's joint sequence); one of another copy goes to that copy's
+             * tensor (below) */
+            int ncopy = 1;
+            for (int r = 0; r < W; r++)
+                if (send[r] && g->pieces[r].sh.copy + 1 > ncopy) ncopy = g->pieces[r].sh.copy + 1;
+            unsigned char *owner = calloc((size_t)N + 1, 1); /* copy + 1 of the piece that placed it */
+            if (!owner) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+            int other_copies = 0;
+            for (int c = 0; c < ncopy && !rc; c++)
+                for (int r = 0; r < W; r++) {
+                    if (!send[r] || g->pieces[r].sh.copy != c) continue;
+                    const fs_piece *p = &g->pieces[r];
+                    int64_t n = 1;
+                    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+                    const char *src = buf + dsp[r];
+                    for (int64_t li = 0; li < n; li++) {
+                        int64_t gi;
+                        if (!piece_global_index(p, li, gshape, &gi)) continue;
+                        char *dst = (char *)g->global.data + (size_t)gi * es;
+                        if (cov[gi] && owner[gi] != c + 1) {
+                            other_copies = 1;
+                            continue;
+                        }
+                        if (cov[gi] && memcmp(dst, src + (size_t)li * es, es)) {
+                            if (!g->problem) {
+                                g->problem = 1;
+                                g->first_bad = r;
+                                snprintf(g->detail, sizeof g->detail, "ranks holding the same tokens disagree: rank %d's "
+                                         "copy of global element %lld differs from a lower rank's (overlapping pieces "
+                                         "must be bit-identical)", r, (long long)gi);
+                            }
+                            continue;
+                        }
+                        memcpy(dst, src + (size_t)li * es, es);
+                        owner[gi] = (unsigned char)(c + 1);
+                        if (cov[gi] < 255) cov[gi]++;
                     }
-                    for (int d = p->ndim - 1; d >= 0; d--) {
-                        int64_t gd = to_global(p, d, idx[d]);
-                        if (gd < 0 || gd >= gshape[d]) ok = 0;
-                        gi += gd * stride;
-                        stride *= gshape[d];
-                    }
-                    if (!ok) continue;
-                    memcpy((char *)g->global.data + (size_t)gi * es, src + (size_t)li * es, es);
-                    if (cov[gi] < 255) cov[gi]++;
                 }
-            }
-            for (int64_t i = 0; i < N; i++)
-                if (cov[i] != 1) {
+            for (int64_t i = 0; i < N && !g->problem && !rc; i++)
+                if (!cov[i]) {
                     g->problem = 2;
-                    snprintf(g->detail, sizeof g->detail, "global element %lld is held by %d distinct pieces (expected exactly 1): "
-                             "the shards do not tile the tensor", (long long)i, cov[i]);
+                    snprintf(g->detail, sizeof g->detail, "global element %lld is held by no piece: the shards do not "
+                             "tile the tensor", (long long)i);
                     break;
                 }
+            /* the other copies: the global tensor with each copy's own values where it holds them */
+            if (!rc && !g->problem && other_copies && ncopy > 1) {
+                if (!(g->copies = calloc((size_t)ncopy - 1, sizeof *g->copies)))
+                    rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                for (int c = 1; c < ncopy && !rc; c++) {
+                    fs_tensor *a = &g->copies[c - 1];
+                    if ((rc = fs_tensor_alloc(a, t->dtype, g->global.ndim, g->global.shape, e))) break;
+                    g->ncopies = c;
+                    memcpy(a->data, g->global.data, fs_tensor_nbytes(a));
+                    for (int r = 0; r < W; r++) {
+                        if (!send[r] || g->pieces[r].sh.copy != c) continue;
+                        const fs_piece *p = &g->pieces[r];
+                        int64_t n = 1, gi;
+                        for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+                        for (int64_t li = 0; li < n; li++)
+                            if (piece_global_index(p, li, gshape, &gi))
+                                memcpy((char *)a->data + (size_t)gi * es, buf + dsp[r] + (size_t)li * es, es);
+                    }
+                }
+            }
+            free(owner);
             free(cov);
         }
     }
@@ -227,6 +283,8 @@ int fs_gather_to_root(const fs_group *world, const fs_tensor *dev, const fs_shar
 void fs_gathered_free(fs_gathered *g)
 {
     if (!g) return;
+    for (int c = 0; c < g->ncopies; c++) fs_tensor_free(&g->copies[c]);
+    free(g->copies);
     fs_tensor_free(&g->global);
     free(g->pieces);
     free(g->group);

@@ -5,7 +5,9 @@
  * (same shape and shard: e.g. the TP ranks of a sequence shard, or all ranks for a replicated
  * tensor) and checks their hashes agree; (2) one rank per group sends its bytes, and rank 0
  * places them by their intervals. Rank 0 also checks the pieces cover every element (a
- * mis-sized shard leaves holes or overlaps). Collective over the world group. */
+ * mis-sized shard leaves holes) and that pieces of one copy overlap only where their bytes agree
+ * (replicated tokens). Pieces of different copies (fs_shard.copy: independent computations of the
+ * same elements) give one global tensor per copy. Collective over the world group. */
 #ifndef FS_GATHER_H
 #define FS_GATHER_H
 
@@ -22,6 +24,10 @@ typedef struct fs_piece {
 
 typedef struct fs_gathered {
     fs_tensor global;  /* rank 0: the assembled tensor, in the local dtype; empty elsewhere */
+    /* rank 0: pieces of other copies (fs_shard.copy c > 0) that overlap copy 0's: copies[c - 1]
+     * is the global tensor with copy c's values where it holds them (ncopies of them; 0: none) */
+    fs_tensor *copies;
+    int ncopies;
     int world;
     fs_piece *pieces;  /* rank 0: [world], what each rank holds */
     int *group;        /* rank 0: [world], index of the first rank holding the same piece */

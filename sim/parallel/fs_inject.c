@@ -115,6 +115,30 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                      FS_INJ_NEEDS_CFGPAR | FS_INJ_REPORTS,
                                      "--cfg-parallel --true-cfg-scale S, with any inner layout (e.g. -np 2 "
                                      "--cfg-parallel --true-cfg-scale 4)"},
+    [FS_INJ_REPLICATED_TEXT_ROTATED] = {"replicated-text-rotated",
+                                        "replicated text sent round the ring as if sharded: the replicated-token "
+                                        "dispatch is keyed on the Ulysses degree, so with --ulysses 1 every ring chunk "
+                                        "carries the whole text and each rank attends it once per ring rank",
+                                        "sglang#33327 (B4)",
+                                        FS_INJ_NEEDS_RING | FS_INJ_NEEDS_TXT_REP | FS_INJ_NEEDS_ULY1 | FS_INJ_REPORTS,
+                                        "--text replicated --ring >= 2 --ulysses 1, alone or with --tp (e.g. --text "
+                                        "replicated --ring 2)"},
+    [FS_INJ_JOINT_KV_WRONG_STEP] = {"joint-kv-wrong-step",
+                                    "the replicated text K/V joined to the ring's keys at every ring step instead of "
+                                    "once (the step condition of --joint front/rear dropped): the text counted ring "
+                                    "times",
+                                    "xDiT#611 (B2), vllm-omni#4689 (B3)",
+                                    FS_INJ_NEEDS_RING | FS_INJ_NEEDS_TXT_REP | FS_INJ_REPORTS,
+                                    "--text replicated --ring >= 2, alone or with --ulysses/--tp, --joint front or rear "
+                                    "(e.g. --text replicated --ring 2 --joint rear)"},
+    [FS_INJ_REPLICATED_KV_A2A] = {"replicated-kv-a2a",
+                                  "the replicated text K/V sent through the Ulysses all-to-all with the image tokens "
+                                  "instead of head-sliced locally: every receiver gets one copy of the text keys per "
+                                  "Ulysses rank",
+                                  "vllm-omni#6930 (B6), vllm-omni#1233 (B7)",
+                                  FS_INJ_NEEDS_ULY | FS_INJ_NEEDS_TXT_REP | FS_INJ_REPORTS,
+                                  "--text replicated --ulysses >= 2, alone or with --ring/--tp (e.g. --text replicated "
+                                  "--ulysses 2)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},

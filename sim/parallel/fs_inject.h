@@ -33,6 +33,9 @@ typedef enum fs_inj_id {
     FS_INJ_LSE_SHARD_OFFSET,
     FS_INJ_LSE_LAYOUT_GUESSED,
     FS_INJ_CFG_UNCOND_SEES_COND,
+    FS_INJ_REPLICATED_TEXT_ROTATED,
+    FS_INJ_JOINT_KV_WRONG_STEP,
+    FS_INJ_REPLICATED_KV_A2A,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -87,6 +90,8 @@ enum fs_inj_need {
     FS_INJ_MATTERS_TXT_IDS_MOVE = 1u << 15, /* some rank's text ids differ from the text start's (FLUX.2) */
     FS_INJ_MATTERS_SQ_EQ_H = 1u << 16, /* some rank's ring attention has as many query tokens as heads (> 1) */
     FS_INJ_NEEDS_CFGPAR = 1u << 23, /* --cfg-parallel with true CFG: the negative prompt's pass runs on its own ranks */
+    FS_INJ_NEEDS_TXT_REP = 1u << 17,   /* --text replicated under sequence parallelism: text K/V join locally */
+    FS_INJ_NEEDS_ULY1 = 1u << 18,      /* --ulysses 1: a dispatch keyed on the Ulysses degree takes the plain path */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

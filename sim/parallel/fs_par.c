@@ -145,8 +145,10 @@ int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e)
     void (*how)(int64_t, int, int64_t *, int64_t *) = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK) ? split_ceil : split;
     how(S_txt, p->sp, p->txt_lo, p->txt_hi);
     how(S_img, p->sp, p->img_lo, p->img_hi);
+    if (p->text == FS_TEXT_REPLICATED) /* every SP rank holds the whole text */
+        for (int q = 0; q < p->sp; q++) p->txt_lo[q] = 0, p->txt_hi[q] = S_txt;
     /* a rank may lack text or image tokens, not both: it would have no sequence at all */
-    if (p->sp > S_txt && p->sp > S_img)
+    if (p->text == FS_TEXT_SHARDED && p->sp > S_txt && p->sp > S_img)
         return fs_errf(e, FS_E_INPUT, "%d text + %d image tokens cannot be split over %d sequence-parallel ranks "
                                       "(ulysses x ring): rank %d would hold no token; use at most %d",
                        S_txt, S_img, p->sp, p->sp - 1, S_txt > S_img ? S_txt : S_img);
@@ -167,7 +169,10 @@ void fs_par_free(fs_par *p)
 
 const char *fs_par_describe(const fs_par *p, char *buf, size_t n)
 {
-    snprintf(buf, n, "%stp %d x ulysses %d x ring %d%s", p->cfg_par > 1 ? "cfg 2 x " : "", p->tp, p->ulysses, p->ring,
-             p->ring > 1 ? (p->rotate == FS_RING_P2P ? " (ring p2p)" : " (ring allgather)") : "");
+    snprintf(buf, n, "%stp %d x ulysses %d x ring %d%s%s", p->cfg_par > 1 ? "cfg 2 x " : "", p->tp, p->ulysses, p->ring,
+             p->ring > 1 ? (p->rotate == FS_RING_P2P ? " (ring p2p)" : " (ring allgather)") : "",
+             p->text != FS_TEXT_REPLICATED ? ""
+             : p->sp > 1 ? (p->joint == FS_JOINT_REAR ? ", text replicated (joint rear)" : ", text replicated (joint front)")
+                           : ", text replicated");
     return buf;
 }

@@ -10,7 +10,9 @@
  * balanced contiguous chunks (the first S % P ranks get one extra token: uneven lengths are
  * exact, never padded, never dropped), and a rank's local joint sequence is
  * [its text chunk | its image chunk], as diffusers' context parallelism splits
- * encoder_hidden_states and hidden_states. RoPE uses the tokens' global ids. */
+ * encoder_hidden_states and hidden_states. RoPE uses the tokens' global ids.
+ * Under --text replicated every SP rank's text chunk is the whole text, [0, S_txt): its local
+ * joint sequence is [all text | its image chunk]. */
 #ifndef FS_PAR_H
 #define FS_PAR_H
 
@@ -20,6 +22,16 @@
 #include "fs_plan.h"
 
 typedef enum fs_ring_rotate { FS_RING_ALLGATHER = 0, FS_RING_P2P } fs_ring_rotate;
+/* Where the text tokens live under sequence parallelism (--text). SHARDED: split over the SP group
+ * like the image tokens (diffusers' context parallelism). REPLICATED: every SP rank holds all of
+ * them, only the image tokens are split (xDiT's joint tensors, sglang / vllm-omni
+ * split_text_embed_in_sp=False); attention joins the text's K/V to the image's once
+ * (fs_seqpar.h). */
+typedef enum fs_text_place { FS_TEXT_SHARDED = 0, FS_TEXT_REPLICATED } fs_text_place;
+/* Under replicated text, the ring step at which the text K/V join the image K/V, and the side of
+ * the keys they go to (--joint; xDiT's joint_strategy): FRONT [text | chunk] at the first step,
+ * REAR [chunk | text] at the last. */
+typedef enum fs_joint_strategy { FS_JOINT_FRONT = 0, FS_JOINT_REAR } fs_joint_strategy;
 
 typedef struct fs_par {
     int world, rank;
@@ -34,6 +46,8 @@ typedef struct fs_par {
     fs_group g_tp, g_u, g_r, g_sp;        /* groups (of size 1 when the degree is 1) */
     const fs_group *g_world;
     fs_ring_rotate rotate;
+    fs_text_place text;                   /* set before fs_par_set_seq (default: sharded) */
+    fs_joint_strategy joint;
     const fs_plan *plan;                  /* TP plan (used when tp > 1) */
     const fs_config *cfg;                 /* the model fs_par_init was given (must outlive the par) */
     const fs_inject *inject;              /* --inject: bugs re-created on purpose (NULL: none) */

@@ -8,24 +8,36 @@
  * copies, exchanges go through fs_comm's tensor collectives (which stage through host memory
  * when the backend's is not host-addressable). */
 
-/* Tokens held by SP rank q (its text chunk + its image chunk). */
-static int64_t tokens_of(const fs_par *p, int q) { return fs_par_txt_n(p, q) + fs_par_img_n(p, q); }
-
-int64_t fs_seqpar_uly_block(const fs_par *p, int q)
+int fs_seqpar_text_joins(const fs_par *p)
 {
-    int64_t n = tokens_of(p, q);
+    if (p->text != FS_TEXT_REPLICATED || p->sp < 2) return 0;
+    /* --inject replicated-text-rotated (sglang#33327): the replicated-token dispatch asks the
+     * Ulysses degree, so with --ulysses 1 the text takes the plain path and rotates as if sharded */
+    if (p->ulysses == 1 && p->ring > 1 && fs_injected(p->inject, FS_INJ_REPLICATED_TEXT_ROTATED)) return 0;
+    return 1;
+}
+
+/* Tokens SP rank q puts through the sequence exchange: its text chunk (txt) + its image chunk. */
+static int64_t tokens_of(const fs_par *p, int q, int txt) { return (txt ? fs_par_txt_n(p, q) : 0) + fs_par_img_n(p, q); }
+
+static int64_t uly_block(const fs_par *p, int q, int txt)
+{
+    int64_t n = tokens_of(p, q, txt);
     if (p->ulysses > 1 && fs_injected(p->inject, FS_INJ_ULYSSES_UNEVEN_CHUNK)) /* torch.chunk's equal blocks */
         for (int w = 0, g = q / p->ulysses * p->ulysses; w < p->ulysses; w++)
-            if (tokens_of(p, g + w) > n) n = tokens_of(p, g + w);
+            if (tokens_of(p, g + w, txt) > n) n = tokens_of(p, g + w, txt);
     return n;
 }
 
-int64_t fs_seqpar_ring_chunk(const fs_par *p, int j)
+static int64_t ring_chunk(const fs_par *p, int j, int txt)
 {
     int64_t n = 0;
-    for (int w = 0; w < p->ulysses; w++) n += fs_seqpar_uly_block(p, j * p->ulysses + w);
+    for (int w = 0; w < p->ulysses; w++) n += uly_block(p, j * p->ulysses + w, txt);
     return n;
 }
+
+int64_t fs_seqpar_uly_block(const fs_par *p, int q) { return uly_block(p, q, !fs_seqpar_text_joins(p)); }
+int64_t fs_seqpar_ring_chunk(const fs_par *p, int j) { return ring_chunk(p, j, !fs_seqpar_text_joins(p)); }
 
 static int alloc4(fs_backend *be, fs_tensor *t, fs_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, fs_err *e)
 {
@@ -39,6 +51,42 @@ static int copy2d(fs_backend *be, void *dst, size_t dp, const void *src, size_t 
     return be->copy2d(be, dst, dp, src, sp, w, rows, e);
 }
 
+/* dst [B, n, hc, Dh] ← tokens [t0, t0 + n) and heads [h0, h0 + hc) of src [B, S, H, Dh] */
+static int take_block(fs_backend *be, fs_tensor *dst, const fs_tensor *src, int64_t t0, int64_t n, int64_t h0,
+                      int64_t hc, fs_err *e)
+{
+    const int64_t B = src->shape[0], S = src->shape[1], H = src->shape[2], Dh = src->shape[3];
+    const size_t es = fs_dtype_size(src->dtype), w = (size_t)(hc * Dh) * es;
+    int rc = alloc4(be, dst, src->dtype, B, n, hc, Dh, e);
+    for (int64_t b = 0; b < B && n && !rc; b++)
+        rc = copy2d(be, (char *)dst->data + (size_t)(b * n) * w, w,
+                    (const char *)src->data + (size_t)(((b * S + t0) * H + h0) * Dh) * es, (size_t)(H * Dh) * es, w,
+                    (size_t)n, e);
+    return rc;
+}
+
+/* The inverse: src [B, n, hc, Dh] into tokens [t0, t0 + n), heads [h0, h0 + hc) of dst [B, S, H, Dh]. */
+static int put_block(fs_backend *be, fs_tensor *dst, const fs_tensor *src, int64_t t0, int64_t h0, fs_err *e)
+{
+    const int64_t B = dst->shape[0], S = dst->shape[1], H = dst->shape[2], Dh = dst->shape[3];
+    const int64_t n = src->shape[1], hc = src->shape[2];
+    const size_t es = fs_dtype_size(dst->dtype), w = (size_t)(hc * Dh) * es;
+    int rc = FS_OK;
+    for (int64_t b = 0; b < B && n && !rc; b++)
+        rc = copy2d(be, (char *)dst->data + (size_t)(((b * S + t0) * H + h0) * Dh) * es, (size_t)(H * Dh) * es,
+                    (const char *)src->data + (size_t)(b * n) * w, w, w, (size_t)n, e);
+    return rc;
+}
+
+/* dst [B, na + nb, h, Dh] = [a | b] along the tokens (torch.cat(dim=1)) */
+static int cat_tokens(fs_backend *be, fs_tensor *dst, const fs_tensor *a, const fs_tensor *b, fs_err *e)
+{
+    int rc = alloc4(be, dst, a->dtype, a->shape[0], a->shape[1] + b->shape[1], a->shape[2], a->shape[3], e);
+    if (!rc) rc = put_block(be, dst, a, 0, 0, e);
+    if (!rc) rc = put_block(be, dst, b, a->shape[1], 0, e);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- ring */
 
 /* The K/V chunks of the ring group: member j's token count n[j] and its offset off[j] in the
@@ -47,7 +95,7 @@ typedef struct ring_chunks {
     int64_t *n, *off, total, maxn;
 } ring_chunks;
 
-static int ring_chunks_make(const fs_par *p, ring_chunks *ch, fs_err *e)
+static int ring_chunks_make(const fs_par *p, ring_chunks *ch, int txt, fs_err *e)
 {
     const int R = p->ring;
     *ch = (ring_chunks){0};
@@ -55,7 +103,7 @@ static int ring_chunks_make(const fs_par *p, ring_chunks *ch, fs_err *e)
         return fs_errf(e, FS_E_NOMEM, "ring attention: out of memory for %d chunk sizes", R);
     ch->off = ch->n + R;
     for (int j = 0; j < R; j++) {
-        ch->n[j] = fs_seqpar_ring_chunk(p, j);
+        ch->n[j] = ring_chunk(p, j, txt);
         if (ch->n[j] > ch->maxn) ch->maxn = ch->n[j];
     }
     return FS_OK;
@@ -137,6 +185,13 @@ typedef struct ring_state {
      * and mean(K) [B, 1, h, Dh]; q (and each K chunk) upcast to the LSE's dtype in bf16 runs */
     fs_tensor delta, q0, kmean, q32, k32;
     int have; /* chunks merged into (acc, lse) so far */
+    /* --text replicated: the text K/V [B, S_txt, h, Dh] (xDiT's joint_tensor_key/value), joined
+     * to the keys of one ring step only — the first, in front (--joint front), or the last, behind
+     * (--joint rear) — so every rank's queries see the text once; jk == NULL: no joint. jkc, jvc:
+     * that step's joined keys and values. */
+    const fs_tensor *jk, *jv;
+    int join_step, rear, join_every; /* join_every: --inject joint-kv-wrong-step */
+    fs_tensor jkc, jvc;
 } ring_state;
 
 static void ring_free(ring_state *st)
@@ -152,6 +207,8 @@ static void ring_free(ring_state *st)
     fs_tensor_free(&st->kmean);
     fs_tensor_free(&st->q32);
     fs_tensor_free(&st->k32);
+    fs_tensor_free(&st->jkc);
+    fs_tensor_free(&st->jvc);
 }
 
 /* q [B, Sq, h, Dh], o [B, Sq, h, Dh]: the buffers of the running merge. */
@@ -255,6 +312,21 @@ static int ring_step(ring_state *st, const fs_tensor *kc, const fs_tensor *vc, f
     return rc;
 }
 
+/* Ring step i's chunk, with the replicated text's K/V joined when i is the joint's step (xDiT's
+ * xdit_ring_flash_attn_forward: front, torch.cat([joint, k]) at step 0; rear, torch.cat([k,
+ * joint]) at the last step). The chunk may be empty (a ring member without image tokens): the
+ * joined keys are not. */
+static int ring_step_at(ring_state *st, int i, const fs_tensor *kc, const fs_tensor *vc, fs_err *e)
+{
+    if (!st->jk || (i != st->join_step && !st->join_every)) return ring_step(st, kc, vc, e);
+    if (i != st->join_step) fs_inject_fire(FS_INJ_JOINT_KV_WRONG_STEP); /* the step condition dropped */
+    fs_tensor_free(&st->jkc);
+    fs_tensor_free(&st->jvc);
+    int rc = cat_tokens(st->be, &st->jkc, st->rear ? kc : st->jk, st->rear ? st->jk : kc, e);
+    if (!rc) rc = cat_tokens(st->be, &st->jvc, st->rear ? vc : st->jv, st->rear ? st->jv : vc, e);
+    return rc ? rc : ring_step(st, &st->jkc, &st->jvc, e);
+}
+
 /* The merged result into o: out.to(query.dtype), one rounding. */
 static int ring_finish(ring_state *st, fs_err *e)
 {
@@ -290,7 +362,7 @@ static int ring_visit_allgathered(const fs_par *p, ring_state *st, const ring_ch
         fs_tensor kj = fs_tensor_reshape(&kall, 4, s4), vj = kj;
         kj.data = (char *)kall.data + (size_t)(dsp[j]) * es;
         vj.data = (char *)vall.data + (size_t)(dsp[j]) * es;
-        rc = ring_step(st, &kj, &vj, e);
+        rc = ring_step_at(st, i, &kj, &vj, e);
     }
 out:
     free(cnt);
@@ -340,7 +412,7 @@ static int ring_visit_p2p(const fs_par *p, ring_state *st, const ring_chunks *ch
         int64_t s4[4] = {B, ch->n[j], h, Dh};
         fs_tensor kj = fs_tensor_reshape(read_stale ? &stale_k : &kb[cur], 4, s4),
                   vj = fs_tensor_reshape(read_stale ? &stale_v : &vb[cur], 4, s4);
-        rc = ring_step(st, &kj, &vj, e);
+        rc = ring_step_at(st, i, &kj, &vj, e);
         /* the exchange is waited for even when the step failed: its buffers are freed below */
         int rc1 = fs_ring_wait(&rk, e), rc2 = fs_ring_wait(&rv, e);
         if ((rc = rc ? rc : rc1 ? rc1 : rc2)) goto out;
@@ -356,19 +428,24 @@ out:
 }
 
 /* Attention of q against the K/V chunks of the ring group, merged with the LSE rule.
- * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. */
+ * q [B, Sq, h, Dh]; k, v [B, Skv_own, h, Dh]; o [B, Sq, h, Dh]. jk, jv: the replicated text's
+ * K/V [B, S_txt, h, Dh] joined at one step (NULL: none); txt: the chunks carry text tokens. */
 static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
-                          const fs_tensor *v, fs_err *e)
+                          const fs_tensor *v, const fs_tensor *jk, const fs_tensor *jv, int txt, fs_err *e)
 {
     ring_chunks ch;
     ring_state st = {0};
     fs_tensor kpad = {0}, vpad = {0};
-    int rc = ring_chunks_make(p, &ch, e);
+    int rc = ring_chunks_make(p, &ch, txt, e);
     if (rc) return rc;
     if (fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK)) /* --inject seq-uneven-chunk */
         rc = inject_pad_chunks(be, &ch, p->ring, &k, &v, &kpad, &vpad, e);
     ring_chunks_place(&ch, p->ring);
     if (!rc) rc = ring_start(&st, p, be, o, q, e);
+    if (!rc && jk) {
+        st.jk = jk, st.jv = jv, st.rear = p->joint == FS_JOINT_REAR, st.join_step = st.rear ? p->ring - 1 : 0;
+        st.join_every = fs_injected(p->inject, FS_INJ_JOINT_KV_WRONG_STEP);
+    }
     if (!rc) rc = p->rotate == FS_RING_ALLGATHER ? ring_visit_allgathered(p, &st, &ch, k, v, e)
                                                  : ring_visit_p2p(p, &st, &ch, k, v, e);
     if (!rc) rc = ring_finish(&st, e);
@@ -382,14 +459,16 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
 static int local_or_ring(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
                          const fs_tensor *v, fs_err *e)
 {
-    if (p->ring > 1) return ring_attention(p, be, o, q, k, v, e);
+    if (p->ring > 1) return ring_attention(p, be, o, q, k, v, NULL, NULL, 1, e);
     if (q->shape[1] == 0) return FS_OK;
     return be->attention(be, o, NULL, q, k, v, 1.0 / sqrt((double)q->shape[3]), e);
 }
 
 /* ---------------------------------------------------------------- Ulysses */
 
-int fs_uly_plan_make(const fs_par *p, fs_uly_plan *u, fs_err *e)
+/* txt: the exchanged shards carry the rank's text tokens (the sharded layout; or the replicated
+ * text under --inject replicated-kv-a2a) */
+static int uly_plan_make(const fs_par *p, fs_uly_plan *u, int txt, fs_err *e)
 {
     const int U = p->ulysses;
     *u = (fs_uly_plan){.U = U, .me = p->u_rank};
@@ -398,14 +477,16 @@ int fs_uly_plan_make(const fs_par *p, fs_uly_plan *u, fs_err *e)
     u->x = u->n + U, u->toff = u->n + 2 * U, u->sc = u->n + 3 * U, u->sd = u->n + 4 * U, u->rc = u->n + 5 * U,
     u->rd = u->n + 6 * U;
     for (int w = 0; w < U; w++) {
-        u->n[w] = tokens_of(p, p->r_rank * U + w);
-        u->x[w] = fs_seqpar_uly_block(p, p->r_rank * U + w);
+        u->n[w] = tokens_of(p, p->r_rank * U + w, txt);
+        u->x[w] = uly_block(p, p->r_rank * U + w, txt);
         if (u->x[w] != u->n[w]) fs_inject_fire(FS_INJ_ULYSSES_UNEVEN_CHUNK);
         u->toff[w] = u->S_u;
         u->S_u += u->x[w];
     }
     return FS_OK;
 }
+
+int fs_uly_plan_make(const fs_par *p, fs_uly_plan *u, fs_err *e) { return uly_plan_make(p, u, !fs_seqpar_text_joins(p), e); }
 
 void fs_uly_plan_free(fs_uly_plan *u)
 {
@@ -512,13 +593,14 @@ int fs_uly_unpack_head_blocks(fs_backend *be, const fs_uly_plan *u, const fs_ten
  * before the exchange completed. Made deterministic: the blocks from the other ranks are taken
  * from a snapshot of the receive buffer taken when the exchange was posted (a fresh buffer:
  * zeros); the rank's own block, copied locally at posting as MPI implementations do, is right. */
-static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, int early, fs_err *e)
+static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, int early, int txt,
+                                 fs_err *e)
 {
     const fs_dtype dt = x->dtype;
     const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
     fs_uly_plan u;
     fs_tensor send = {0}, recv = {0}, stale = {0};
-    int rc = fs_uly_plan_make(p, &u, e);
+    int rc = uly_plan_make(p, &u, txt, e);
     if (rc) return rc;
     const int64_t xs = u.x[u.me]; /* tokens per block this rank sends: s, or padded */
     fs_uly_counts_to_heads(&u, B, hb, Dh);
@@ -543,13 +625,13 @@ out:
 }
 
 /* The inverse: head-sharded y [B, S_u, Hl/U, Dh] → sequence-sharded x [B, s_loc, Hl, Dh]. */
-static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e)
+static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, int txt, fs_err *e)
 {
     const fs_dtype dt = y->dtype;
     const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
     fs_uly_plan u;
     fs_tensor send = {0}, recv = {0};
-    int rc = fs_uly_plan_make(p, &u, e);
+    int rc = uly_plan_make(p, &u, txt, e);
     if (rc) return rc;
     const int64_t xs = u.x[u.me];
     fs_uly_counts_to_tokens(&u, B, hb, Dh);
@@ -568,9 +650,100 @@ out:
     return rc;
 }
 
+/* ---------------------------------------------------------------- replicated text */
+
+/* Attention with the text replicated on every SP rank: q, k, v, o [B, S_txt + s_img, Hl, Dh],
+ * [all text | this rank's image tokens]. The image tokens go through the sequence-parallel
+ * exchange as in the sharded layout; the text's heads are sliced locally (this Ulysses rank's
+ * Hl/U heads of every text token: nothing to exchange, every rank holds them). The queries are
+ * [text | image] (--joint front) or [image | text] (rear), as xDiT concatenates
+ * joint_tensor_query; the text K/V join the keys once: at one ring step (ring_step_at), or
+ * without ring, in front of or behind the gathered image keys. After attention the image rows go
+ * back through the inverse all-to-all and the text rows, head-sharded, are all-gathered over the
+ * Ulysses group (vllm-omni's UlyssesParallelAttention.post_attention). */
+static int joint_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
+                           const fs_tensor *v, fs_err *e)
+{
+    const int64_t B = q->shape[0], S = q->shape[1], Hl = q->shape[2], Dh = q->shape[3], St = p->S_txt, si = S - St;
+    const int U = p->ulysses, rear = p->joint == FS_JOINT_REAR;
+    if (Hl % U)
+        return fs_errf(e, FS_E_INPUT, "Ulysses degree %d does not divide the %lld local heads", U, (long long)Hl);
+    if (si < 0) return fs_errf(e, FS_E_INTERNAL, "replicated text: %lld local tokens, fewer than the %lld text tokens",
+                               (long long)S, (long long)St);
+    const int64_t hb = Hl / U, h0 = (int64_t)p->u_rank * hb;
+    /* --inject replicated-kv-a2a (vllm-omni#6930, #1233): K and V exchanged as the rank holds them,
+     * text rows included, so every receiver gathers U copies of the text keys */
+    const int kv_a2a = U > 1 && fs_injected(p->inject, FS_INJ_REPLICATED_KV_A2A);
+    const int early = fs_injected(p->inject, FS_INJ_ULYSSES_EARLY_READ);
+    fs_tensor tq = {0}, tk = {0}, tv = {0}, iq = {0}, ik = {0}, iv = {0}, qu = {0}, ku = {0}, vu = {0};
+    fs_tensor qa = {0}, ka = {0}, va = {0}, oa = {0}, to = {0}, io = {0}, ix = {0}, tall = {0};
+    int64_t *cnt = NULL;
+    int rc;
+    if ((rc = take_block(be, &tq, q, 0, St, h0, hb, e)) || (rc = take_block(be, &tk, k, 0, St, h0, hb, e)) ||
+        (rc = take_block(be, &tv, v, 0, St, h0, hb, e)) || (rc = take_block(be, &iq, q, St, si, 0, Hl, e)))
+        goto out;
+    if (!kv_a2a && ((rc = take_block(be, &ik, k, St, si, 0, Hl, e)) || (rc = take_block(be, &iv, v, St, si, 0, Hl, e))))
+        goto out;
+    const fs_tensor *Qi = &iq, *Ki = &ik, *Vi = &iv;
+    if (U > 1) {
+        if ((rc = ulysses_scatter_heads(p, be, &iq, &qu, 0, 0, e))) goto out;
+        if (kv_a2a) fs_inject_fire(FS_INJ_REPLICATED_KV_A2A);
+        if ((rc = ulysses_scatter_heads(p, be, kv_a2a ? k : &ik, &ku, early, kv_a2a, e)) ||
+            (rc = ulysses_scatter_heads(p, be, kv_a2a ? v : &iv, &vu, early, kv_a2a, e)))
+            goto out;
+        Qi = &qu, Ki = &ku, Vi = &vu;
+    }
+    const int64_t Su = Qi->shape[1];
+    if ((rc = cat_tokens(be, &qa, rear ? Qi : &tq, rear ? &tq : Qi, e)) ||
+        (rc = fs_tensor_alloc_on(&oa, be, qa.dtype, 4, qa.shape, e)))
+        goto out;
+    if (p->ring > 1) /* the text joins at one ring step; under replicated-kv-a2a it rides in the chunks */
+        rc = ring_attention(p, be, &oa, &qa, Ki, Vi, kv_a2a ? NULL : &tk, kv_a2a ? NULL : &tv, kv_a2a, e);
+    else if (kv_a2a)
+        rc = be->attention(be, &oa, NULL, &qa, Ki, Vi, 1.0 / sqrt((double)Dh), e);
+    else if (!(rc = cat_tokens(be, &ka, rear ? Ki : &tk, rear ? &tk : Ki, e)) &&
+             !(rc = cat_tokens(be, &va, rear ? Vi : &tv, rear ? &tv : Vi, e)))
+        rc = be->attention(be, &oa, NULL, &qa, &ka, &va, 1.0 / sqrt((double)Dh), e);
+    if (rc) goto out;
+    /* the image rows back to this rank's tokens, all heads */
+    if ((rc = take_block(be, &io, &oa, rear ? 0 : St, Su, 0, hb, e)) || (rc = take_block(be, &to, &oa, rear ? Su : 0, St, 0, hb, e)))
+        goto out;
+    if (U > 1) {
+        if ((rc = alloc4(be, &ix, io.dtype, B, si, Hl, Dh, e)) || (rc = ulysses_gather_heads(p, be, &io, &ix, 0, e)) ||
+            (rc = put_block(be, o, &ix, St, 0, e)))
+            goto out;
+        /* the text rows: every Ulysses rank computed its heads of all of them; all-gathered */
+        if (!(cnt = malloc(sizeof(int64_t) * 2 * (size_t)U))) {
+            rc = fs_errf(e, FS_E_NOMEM, "replicated text: out of memory for %d all-gather counts", U);
+            goto out;
+        }
+        for (int w = 0; w < U; w++) cnt[w] = B * St * hb * Dh, cnt[U + w] = w * cnt[w];
+        if ((rc = alloc4(be, &tall, to.dtype, 1, U * B * St, hb, Dh, e)) ||
+            (rc = fs_allgatherv_t(&p->g_u, &to, &tall, cnt, cnt + U, e)))
+            goto out;
+        const size_t es = fs_dtype_size(to.dtype);
+        for (int w = 0; w < U && !rc; w++) {
+            int64_t s4[4] = {B, St, hb, Dh};
+            fs_tensor blk = fs_tensor_reshape(&tall, 4, s4);
+            blk.data = (char *)tall.data + (size_t)cnt[U + w] * es;
+            rc = put_block(be, o, &blk, 0, w * hb, e);
+        }
+    } else if (!(rc = put_block(be, o, &io, St, 0, e)))
+        rc = put_block(be, o, &to, 0, 0, e);
+out:
+    free(cnt);
+    fs_tensor *all[] = {&tq, &tk, &tv, &iq, &ik, &iv, &qu, &ku, &vu, &qa, &ka, &va, &oa, &to, &io, &ix, &tall};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) fs_tensor_free(all[i]);
+    return rc;
+}
+
 int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
                         const fs_tensor *v, fs_err *e)
 {
+    if (fs_seqpar_text_joins(p)) return joint_attention(p, be, o, q, k, v, e);
+    /* replicated text on the plain path: only --inject replicated-text-rotated sends it here, where
+     * each rank's [text | image] tokens are exchanged and rotated as if the text were a shard */
+    if (p->text == FS_TEXT_REPLICATED && p->sp > 1) fs_inject_fire(FS_INJ_REPLICATED_TEXT_ROTATED);
     if (p->ulysses == 1) return local_or_ring(p, be, o, q, k, v, e);
     if (q->shape[2] % p->ulysses)
         return fs_errf(e, FS_E_INPUT, "Ulysses degree %d does not divide the %lld local heads", p->ulysses,
@@ -579,12 +752,12 @@ int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_
     int rc;
     /* --inject ulysses-early-read: K and V's exchanges overlapped with Q's, and read before their wait */
     const int early = fs_injected(p->inject, FS_INJ_ULYSSES_EARLY_READ);
-    if ((rc = ulysses_scatter_heads(p, be, q, &qu, 0, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, early, e)) ||
-        (rc = ulysses_scatter_heads(p, be, v, &vu, early, e)))
+    if ((rc = ulysses_scatter_heads(p, be, q, &qu, 0, 1, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, early, 1, e)) ||
+        (rc = ulysses_scatter_heads(p, be, v, &vu, early, 1, e)))
         goto out;
     if ((rc = fs_tensor_alloc_on(&ou, be, qu.dtype, 4, qu.shape, e))) goto out;
     if ((rc = local_or_ring(p, be, &ou, &qu, &ku, &vu, e))) goto out;
-    rc = ulysses_gather_heads(p, be, &ou, o, e);
+    rc = ulysses_gather_heads(p, be, &ou, o, 1, e);
 out:
     fs_tensor_free(&qu);
     fs_tensor_free(&ku);

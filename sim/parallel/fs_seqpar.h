@@ -8,13 +8,20 @@
  * each giving a partial (out_i, lse_i) merged with the LSE rule. Rotation: all-gather then visit
  * the chunks in ring order starting with its own, as diffusers does (FS_RING_ALLGATHER), or
  * point-to-point Isend/Irecv to the next rank while computing on the current chunk (FS_RING_P2P).
- * USP: Ulysses inside, ring across Ulysses groups. */
+ * USP: Ulysses inside, ring across Ulysses groups.
+ * Replicated text (--text replicated; xDiT, sglang, vllm-omni): only the image tokens are
+ * exchanged and rotated; the text's Q/K/V heads are sliced locally, the text K/V join the keys
+ * once (at the first ring step in front, or the last behind: --joint), and the text's output
+ * heads are all-gathered over the Ulysses group. */
 #ifndef FS_SEQPAR_H
 #define FS_SEQPAR_H
 
 #include "fs_backend.h"
 #include "fs_par.h"
 
+/* 1 when the text is replicated and joins attention locally (fs_seqpar.c's joint path): the
+ * exchanges and ring chunks below then count image tokens only. */
+int fs_seqpar_text_joins(const fs_par *p);
 /* Tokens SP rank q puts through the Ulysses all-to-all: its own, or under --inject
  * ulysses-uneven-chunk its Ulysses group's longest shard (torch.chunk's equal blocks, short
  * ones zero-padded). */

@@ -455,7 +455,20 @@ static int judge(fs_check *ck, const char *name, const fs_gathered *g, judgement
         j->verdict = FS_DIVERGED;
         return FS_OK;
     }
-    return judge_values(ck, name, g, ref, pieces, j, e);
+    rc = judge_values(ck, name, g, ref, pieces, j, e);
+    /* the other copies of elements computed more than once (--text replicated under ring: each
+     * ring rank's text), each judged against the reference as the first was */
+    for (int c = 0; !rc && c < g->ncopies && j->verdict != FS_DIVERGED; c++) {
+        fs_gathered gc = *g;
+        gc.global = g->copies[c];
+        rc = judge_values(ck, name, &gc, ref, pieces, j, e);
+        if (!rc && j->verdict == FS_DIVERGED) {
+            const size_t o = strlen(ck->report);
+            snprintf(ck->report + o, sizeof ck->report - o, "  the values judged: copy %d of the elements computed more "
+                     "than once (--text replicated: ring rank %d's own text)\n", c + 1, c + 1);
+        }
+    }
+    return rc;
 }
 
 /* What rank 0 tells every rank when --break-on-divergence stops one: which rank, the shape of the

@@ -23,6 +23,12 @@ static const char *missing_why(unsigned bit)
     case FS_INJ_NEEDS_P2P: return "the ring rotates by all-gather: no receive is outstanding while a chunk is computed on";
     case FS_INJ_NEEDS_SP: return "the sequence is not split (--ulysses 1 --ring 1): every rank holds every position";
     case FS_INJ_NEEDS_GUID: return "the model has no guidance embedder: no guidance value is broadcast";
+    case FS_INJ_NEEDS_TXT_REP:
+        return "the text is not replicated (--text sharded, or no sequence parallelism): no text K/V join the "
+               "attention locally";
+    case FS_INJ_NEEDS_ULY1:
+        return "with --ulysses >= 2 a dispatch keyed on the Ulysses degree takes the replicated-text path, which is "
+               "right";
     case FS_INJ_NEEDS_FLUX2:
         return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
                "to_qkv_mlp_proj are)";
@@ -32,7 +38,17 @@ static const char *missing_why(unsigned bit)
     }
 }
 
-static int64_t tokens_of(const fs_par *p, int q) { return fs_par_txt_n(p, q) + fs_par_img_n(p, q); }
+/* Tokens SP rank q puts through the exchange (under --text replicated its image tokens only). */
+static int64_t tokens_of(const fs_par *p, int q)
+{
+    return (fs_seqpar_text_joins(p) ? 0 : fs_par_txt_n(p, q)) + fs_par_img_n(p, q);
+}
+
+/* Query tokens of ring member j's attention: its chunk, and the replicated text that joins it. */
+static int64_t ring_queries(const fs_par *p, int j)
+{
+    return fs_seqpar_ring_chunk(p, j) + (fs_seqpar_text_joins(p) ? p->S_txt : 0);
+}
 
 /* rows [lo, lo+n) of ids [S, 3] (float64, host) equal rows [0, n)? */
 static int ids_same_as_start(const fs_inputs *inp, int img, int64_t lo, int64_t n)
@@ -91,7 +107,7 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
         const int h = c->num_attention_heads / (p->tp * p->ulysses);
         int64_t maxq = 0;
         for (int j = 0; j < p->ring; j++) {
-            int64_t t = fs_seqpar_ring_chunk(p, j);
+            int64_t t = ring_queries(p, j);
             maxq = t > maxq ? t : maxq;
         }
         if (h == 1 || maxq <= 1) {
@@ -109,7 +125,7 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
         char sizes[160] = "";
         size_t o = 0;
         for (int j = 0; j < p->ring; j++) {
-            const int64_t t = fs_seqpar_ring_chunk(p, j);
+            const int64_t t = ring_queries(p, j);
             if (t == h && h > 1) any = 1;
             if (o < sizeof sizes)
                 o += (size_t)snprintf(sizes + o, sizeof sizes - o, "%s%lld", j ? ", " : "", (long long)t);
@@ -180,6 +196,8 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_P2P, p->ring >= 2 && p->rotate == FS_RING_P2P},
                       {FS_INJ_NEEDS_SP, p->sp >= 2},
                       {FS_INJ_NEEDS_GUID, inp->has_guidance},
+                      {FS_INJ_NEEDS_TXT_REP, p->text == FS_TEXT_REPLICATED && p->sp >= 2},
+                      {FS_INJ_NEEDS_ULY1, p->ulysses == 1},
                       {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2},
                       {FS_INJ_NEEDS_CFGPAR, p->cfg_par > 1 && inp->true_cfg_scale > 0}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)

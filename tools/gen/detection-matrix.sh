@@ -34,6 +34,8 @@ LAYOUTS=(
   "--tp 2 --ulysses 2|4"
   "--cfg-parallel --true-cfg-scale 4 --tp 2|4"
   "--cfg-parallel --true-cfg-scale 4 --ring 2|4"
+  "--text replicated --ring 2|2"
+  "--text replicated --ulysses 2 --ring 2|4"
 )
 
 [ -x "$BIN" ] || { echo "detection-matrix: $BIN not built (make)" >&2; exit 2; }
