@@ -55,6 +55,7 @@ CASES=(
   "joint-kv-wrong-step|4|--text replicated --ulysses 2 --ring 2 --joint rear|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
   "replicated-kv-a2a|2|--text replicated --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
   "replicated-kv-a2a|4|--text replicated --tp 2 --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0, 1;"
+  "a2a-world-group|4|--ulysses 2 --ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 2;"
 )
 # Refused before any compute: ranks | options | expected: "cannot fire" or "fires but cannot change anything",
 # then a piece of the layout it ran under, then a piece of "it shows under ..." (the layouts named).
@@ -94,6 +95,7 @@ REFUSED=(
   "4|--text replicated --ulysses 2 --ring 2 --inject replicated-text-rotated|cannot fire|text replicated (joint front): with --ulysses >= 2 a dispatch keyed on the Ulysses degree|it shows under --text replicated --ring >= 2 --ulysses 1"
   "2|--text replicated --ulysses 2 --inject joint-kv-wrong-step|cannot fire|there is no ring attention|it shows under --text replicated --ring >= 2"
   "2|--text replicated --ring 2 --inject replicated-kv-a2a|cannot fire|there is no Ulysses all-to-all|it shows under --text replicated --ulysses >= 2"
+  "2|--ulysses 2 --inject a2a-world-group|cannot fire|there is no ring attention|it shows under --ulysses >= 2 --ring >= 2"
 )
 for c in "${REFUSED[@]}"; do
   IFS='|' read -r n opts kind where shows <<<"$c"

@@ -139,6 +139,15 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                   FS_INJ_NEEDS_ULY | FS_INJ_NEEDS_TXT_REP | FS_INJ_REPORTS,
                                   "--text replicated --ulysses >= 2, alone or with --ring/--tp (e.g. --text replicated "
                                   "--ulysses 2)"},
+    [FS_INJ_A2A_WORLD_GROUP] = {"a2a-world-group",
+                                "USP: the Ulysses all-to-all run over the whole sequence-parallel group instead of "
+                                "the Ulysses subgroup: every rank gathers the whole sequence with heads/(ulysses·ring) "
+                                "heads, and the ring then merges its peers' K/V of other heads",
+                                "sglang#33353 (B5)",
+                                FS_INJ_NEEDS_ULY | FS_INJ_NEEDS_RING | FS_INJ_NEEDS_TXT_SHARD | FS_INJ_NEEDS_HEADS_SP |
+                                    FS_INJ_REPORTS,
+                                "--ulysses >= 2 --ring >= 2 (either --mesh-order), alone or with --tp, with the heads "
+                                "divisible by tp·ulysses·ring (e.g. --ulysses 2 --ring 2)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},

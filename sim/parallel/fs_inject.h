@@ -36,6 +36,7 @@ typedef enum fs_inj_id {
     FS_INJ_REPLICATED_TEXT_ROTATED,
     FS_INJ_JOINT_KV_WRONG_STEP,
     FS_INJ_REPLICATED_KV_A2A,
+    FS_INJ_A2A_WORLD_GROUP,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -92,6 +93,8 @@ enum fs_inj_need {
     FS_INJ_NEEDS_CFGPAR = 1u << 23, /* --cfg-parallel with true CFG: the negative prompt's pass runs on its own ranks */
     FS_INJ_NEEDS_TXT_REP = 1u << 17,   /* --text replicated under sequence parallelism: text K/V join locally */
     FS_INJ_NEEDS_ULY1 = 1u << 18,      /* --ulysses 1: a dispatch keyed on the Ulysses degree takes the plain path */
+    FS_INJ_NEEDS_TXT_SHARD = 1u << 19, /* --text sharded: the text goes through the exchanges with the image */
+    FS_INJ_NEEDS_HEADS_SP = 1u << 20,  /* the local heads divide by ulysses·ring (an SP-wide head split) */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

@@ -47,11 +47,17 @@ static const char *layouts_that_fit(const fs_config *c, int world, char *alt, si
 int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, int u, int r, fs_ring_rotate rotate,
                 const fs_plan *plan, fs_err *e)
 {
-    return fs_par_init_cfg(p, world, c, 1, tp, u, r, rotate, plan, e);
+    return fs_par_init_mesh(p, world, c, 1, tp, u, r, rotate, FS_MESH_ULYSSES_INNER, plan, e);
 }
 
 int fs_par_init_cfg(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int u, int r,
                     fs_ring_rotate rotate, const fs_plan *plan, fs_err *e)
+{
+    return fs_par_init_mesh(p, world, c, cfg, tp, u, r, rotate, FS_MESH_ULYSSES_INNER, plan, e);
+}
+
+int fs_par_init_mesh(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int u, int r,
+                     fs_ring_rotate rotate, fs_mesh_order mesh, const fs_plan *plan, fs_err *e)
 {
     memset(p, 0, sizeof *p);
     char why[256], alt[512];
@@ -93,8 +99,9 @@ int fs_par_init_cfg(fs_par *p, const fs_group *world, const fs_config *c, int cf
     const int in_rank = world->rank % inner, k = p->cfg_rank; /* k: each CFG group its own colours */
     p->tp_rank = in_rank % tp;
     p->sp_rank = in_rank / tp;
-    p->u_rank = p->sp_rank % u;
-    p->r_rank = p->sp_rank / u;
+    p->mesh = mesh;
+    p->u_rank = mesh == FS_MESH_RING_INNER ? p->sp_rank / r : p->sp_rank % u;
+    p->r_rank = fs_par_ring_of(p, p->sp_rank);
     int rc;
     /* TP group: same sp_rank. SP group: same tp_rank. Ulysses group: same tp_rank and ring
      * rank. Ring group: same tp_rank and ulysses rank. Keys keep the natural order. All of them
@@ -174,5 +181,9 @@ const char *fs_par_describe(const fs_par *p, char *buf, size_t n)
              p->text != FS_TEXT_REPLICATED ? ""
              : p->sp > 1 ? (p->joint == FS_JOINT_REAR ? ", text replicated (joint rear)" : ", text replicated (joint front)")
                            : ", text replicated");
+    if (p->mesh == FS_MESH_RING_INNER && p->ulysses > 1 && p->ring > 1) {
+        const size_t o = strlen(buf);
+        snprintf(buf + o, n > o ? n - o : 0, ", ring inner");
+    }
     return buf;
 }

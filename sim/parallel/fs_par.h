@@ -3,7 +3,7 @@
  *
  * Mesh: world = tp · ulysses · ring. rank = sp_rank · tp + tp_rank (TP innermost, as Megatron
  * places it inside a node); sp_rank = ring_rank · ulysses + ulysses_rank (Ulysses inner, ring
- * outer, as USP does). A TP group shares one sequence shard; a sequence-parallel (SP) group of
+ * outer, as USP does by default), or with --mesh-order ring-inner ulysses_rank · ring + ring_rank. A TP group shares one sequence shard; a sequence-parallel (SP) group of
  * ulysses·ring ranks shares one head shard.
  *
  * Sequence sharding: text and image tokens are split separately over the SP group, each in
@@ -32,6 +32,13 @@ typedef enum fs_text_place { FS_TEXT_SHARDED = 0, FS_TEXT_REPLICATED } fs_text_p
  * the keys they go to (--joint; xDiT's joint_strategy): FRONT [text | chunk] at the first step,
  * REAR [chunk | text] at the last. */
 typedef enum fs_joint_strategy { FS_JOINT_FRONT = 0, FS_JOINT_REAR } fs_joint_strategy;
+/* The order of the two sequence-parallel mesh axes (--mesh-order), as yunchang's
+ * set_seq_parallel_pg lays them out for xDiT, sglang and vllm-omni: ULYSSES_INNER
+ * (use_ulysses_low=True, their default) makes a Ulysses group consecutive SP ranks,
+ * sp_rank = ring_rank · ulysses + ulysses_rank; RING_INNER (use_ulysses_low=False) makes a ring
+ * group consecutive, sp_rank = ulysses_rank · ring + ring_rank. SP rank q holds sequence chunk q
+ * either way. */
+typedef enum fs_mesh_order { FS_MESH_ULYSSES_INNER = 0, FS_MESH_RING_INNER } fs_mesh_order;
 
 typedef struct fs_par {
     int world, rank;
@@ -48,6 +55,7 @@ typedef struct fs_par {
     fs_ring_rotate rotate;
     fs_text_place text;                   /* set before fs_par_set_seq (default: sharded) */
     fs_joint_strategy joint;
+    fs_mesh_order mesh;
     const fs_plan *plan;                  /* TP plan (used when tp > 1) */
     const fs_config *cfg;                 /* the model fs_par_init was given (must outlive the par) */
     const fs_inject *inject;              /* --inject: bugs re-created on purpose (NULL: none) */
@@ -65,6 +73,9 @@ int fs_par_init(fs_par *p, const fs_group *world, const fs_config *c, int tp, in
  * every TP/SP group lies inside one CFG group. */
 int fs_par_init_cfg(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int ulysses, int ring,
                     fs_ring_rotate rotate, const fs_plan *plan, fs_err *e);
+/* The same with the SP mesh axes in the given order (fs_par_init_cfg: FS_MESH_ULYSSES_INNER). */
+int fs_par_init_mesh(fs_par *p, const fs_group *world, const fs_config *c, int cfg, int tp, int ulysses, int ring,
+                     fs_ring_rotate rotate, fs_mesh_order mesh, const fs_plan *plan, fs_err *e);
 /* The layout plain `mpirun -np N flux-sim` uses: TP over N if the heads divide (then the hidden
  * and MLP widths do too, D = H·Dh), else ring over N (any N: uneven token shards are exact). */
 void fs_par_default_layout(const fs_config *c, int world, int *tp, int *ulysses, int *ring);
@@ -77,5 +88,11 @@ const char *fs_par_describe(const fs_par *p, char *buf, size_t n);
 /* Local token counts of SP rank q. */
 static inline int64_t fs_par_txt_n(const fs_par *p, int q) { return p->txt_hi[q] - p->txt_lo[q]; }
 static inline int64_t fs_par_img_n(const fs_par *p, int q) { return p->img_hi[q] - p->img_lo[q]; }
+/* The SP rank at Ulysses rank u and ring rank r, and the ring rank of SP rank q (--mesh-order). */
+static inline int fs_par_sp_of(const fs_par *p, int u, int r)
+{
+    return p->mesh == FS_MESH_RING_INNER ? u * p->ring + r : r * p->ulysses + u;
+}
+static inline int fs_par_ring_of(const fs_par *p, int q) { return p->mesh == FS_MESH_RING_INNER ? q % p->ring : q / p->ulysses; }
 
 #endif

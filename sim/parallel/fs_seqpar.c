@@ -24,15 +24,27 @@ static int64_t uly_block(const fs_par *p, int q, int txt)
 {
     int64_t n = tokens_of(p, q, txt);
     if (p->ulysses > 1 && fs_injected(p->inject, FS_INJ_ULYSSES_UNEVEN_CHUNK)) /* torch.chunk's equal blocks */
-        for (int w = 0, g = q / p->ulysses * p->ulysses; w < p->ulysses; w++)
-            if (tokens_of(p, g + w, txt) > n) n = tokens_of(p, g + w, txt);
+        for (int w = 0, r = fs_par_ring_of(p, q); w < p->ulysses; w++)
+            if (tokens_of(p, fs_par_sp_of(p, w, r), txt) > n) n = tokens_of(p, fs_par_sp_of(p, w, r), txt);
     return n;
+}
+
+/* --inject a2a-world-group (sglang#33353): the Ulysses all-to-all over the whole SP group instead
+ * of the Ulysses subgroup, when there is a ring: every rank gathers the whole sequence, with
+ * Hl / (ulysses·ring) heads. */
+static int a2a_world(const fs_par *p)
+{
+    return p->ring > 1 && p->ulysses > 1 && p->text != FS_TEXT_REPLICATED && fs_injected(p->inject, FS_INJ_A2A_WORLD_GROUP);
 }
 
 static int64_t ring_chunk(const fs_par *p, int j, int txt)
 {
     int64_t n = 0;
-    for (int w = 0; w < p->ulysses; w++) n += uly_block(p, j * p->ulysses + w, txt);
+    if (a2a_world(p)) { /* each ring member holds what the SP-wide all-to-all gathered: everything */
+        for (int q = 0; q < p->sp; q++) n += tokens_of(p, q, txt);
+        return n;
+    }
+    for (int w = 0; w < p->ulysses; w++) n += uly_block(p, fs_par_sp_of(p, w, j), txt);
     return n;
 }
 
@@ -468,17 +480,18 @@ static int local_or_ring(const fs_par *p, fs_backend *be, fs_tensor *o, const fs
 
 /* txt: the exchanged shards carry the rank's text tokens (the sharded layout; or the replicated
  * text under --inject replicated-kv-a2a) */
-static int uly_plan_make(const fs_par *p, fs_uly_plan *u, int txt, fs_err *e)
+static int uly_plan_make_on(const fs_par *p, fs_uly_plan *u, int txt, int world, fs_err *e)
 {
-    const int U = p->ulysses;
-    *u = (fs_uly_plan){.U = U, .me = p->u_rank};
+    const int U = world ? p->sp : p->ulysses;
+    *u = (fs_uly_plan){.U = U, .me = world ? p->sp_rank : p->u_rank};
     u->n = malloc(sizeof(int64_t) * 7 * (size_t)U);
     if (!u->n) return fs_errf(e, FS_E_NOMEM, "Ulysses: out of memory for the exchange plan of %d ranks", U);
     u->x = u->n + U, u->toff = u->n + 2 * U, u->sc = u->n + 3 * U, u->sd = u->n + 4 * U, u->rc = u->n + 5 * U,
     u->rd = u->n + 6 * U;
     for (int w = 0; w < U; w++) {
-        u->n[w] = tokens_of(p, p->r_rank * U + w, txt);
-        u->x[w] = uly_block(p, p->r_rank * U + w, txt);
+        const int q = world ? w : fs_par_sp_of(p, w, p->r_rank); /* member w's SP rank */
+        u->n[w] = tokens_of(p, q, txt);
+        u->x[w] = world ? u->n[w] : uly_block(p, q, txt);
         if (u->x[w] != u->n[w]) fs_inject_fire(FS_INJ_ULYSSES_UNEVEN_CHUNK);
         u->toff[w] = u->S_u;
         u->S_u += u->x[w];
@@ -486,6 +499,7 @@ static int uly_plan_make(const fs_par *p, fs_uly_plan *u, int txt, fs_err *e)
     return FS_OK;
 }
 
+static int uly_plan_make(const fs_par *p, fs_uly_plan *u, int txt, fs_err *e) { return uly_plan_make_on(p, u, txt, 0, e); }
 int fs_uly_plan_make(const fs_par *p, fs_uly_plan *u, fs_err *e) { return uly_plan_make(p, u, !fs_seqpar_text_joins(p), e); }
 
 void fs_uly_plan_free(fs_uly_plan *u)
@@ -597,11 +611,13 @@ static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tenso
                                  fs_err *e)
 {
     const fs_dtype dt = x->dtype;
-    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
+    const int world = a2a_world(p); /* --inject a2a-world-group: the exchange over the SP group */
+    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / (world ? p->sp : p->ulysses);
     fs_uly_plan u;
     fs_tensor send = {0}, recv = {0}, stale = {0};
-    int rc = uly_plan_make(p, &u, txt, e);
+    int rc = uly_plan_make_on(p, &u, txt, world, e);
     if (rc) return rc;
+    if (world) fs_inject_fire(FS_INJ_A2A_WORLD_GROUP);
     const int64_t xs = u.x[u.me]; /* tokens per block this rank sends: s, or padded */
     fs_uly_counts_to_heads(&u, B, hb, Dh);
     if ((rc = alloc4(be, y, dt, B, u.S_u, hb, Dh, e)) || (rc = alloc4(be, &send, dt, 1, B * xs, Hl, Dh, e)) ||
@@ -614,7 +630,7 @@ static int ulysses_scatter_heads(const fs_par *p, fs_backend *be, const fs_tenso
             goto out;
         fs_inject_fire(FS_INJ_ULYSSES_EARLY_READ);
     }
-    if ((rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
+    if ((rc = fs_alltoallv_t(world ? &p->g_sp : &p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e))) goto out;
     rc = fs_uly_unpack_token_chunks(be, &u, &recv, early ? &stale : NULL, y, e);
 out:
     fs_tensor_free(&send);
@@ -628,16 +644,17 @@ out:
 static int ulysses_gather_heads(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, int txt, fs_err *e)
 {
     const fs_dtype dt = y->dtype;
-    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / p->ulysses;
+    const int world = a2a_world(p);
+    const int64_t B = x->shape[0], Hl = x->shape[2], Dh = x->shape[3], hb = Hl / (world ? p->sp : p->ulysses);
     fs_uly_plan u;
     fs_tensor send = {0}, recv = {0};
-    int rc = uly_plan_make(p, &u, txt, e);
+    int rc = uly_plan_make_on(p, &u, txt, world, e);
     if (rc) return rc;
     const int64_t xs = u.x[u.me];
     fs_uly_counts_to_tokens(&u, B, hb, Dh);
     if ((rc = alloc4(be, &send, dt, 1, B * u.S_u, hb, Dh, e)) || (rc = alloc4(be, &recv, dt, 1, B * xs, Hl, Dh, e)) ||
         (rc = fs_uly_pack_token_chunks(be, &u, y, &send, e)) ||
-        (rc = fs_alltoallv_t(&p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e)))
+        (rc = fs_alltoallv_t(world ? &p->g_sp : &p->g_u, &send, u.sc, u.sd, &recv, u.rc, u.rd, e)))
         goto out;
     /* --inject ulysses-head-order: the inverse all-to-all puts head block w back at U-1-w */
     const int flip = fs_injected(p->inject, FS_INJ_ULYSSES_HEAD_ORDER);
@@ -745,9 +762,9 @@ int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_
      * each rank's [text | image] tokens are exchanged and rotated as if the text were a shard */
     if (p->text == FS_TEXT_REPLICATED && p->sp > 1) fs_inject_fire(FS_INJ_REPLICATED_TEXT_ROTATED);
     if (p->ulysses == 1) return local_or_ring(p, be, o, q, k, v, e);
-    if (q->shape[2] % p->ulysses)
-        return fs_errf(e, FS_E_INPUT, "Ulysses degree %d does not divide the %lld local heads", p->ulysses,
-                       (long long)q->shape[2]);
+    const int U = a2a_world(p) ? p->sp : p->ulysses; /* --inject a2a-world-group: the SP group's size */
+    if (q->shape[2] % U)
+        return fs_errf(e, FS_E_INPUT, "Ulysses degree %d does not divide the %lld local heads", U, (long long)q->shape[2]);
     fs_tensor qu = {0}, ku = {0}, vu = {0}, ou = {0};
     int rc;
     /* --inject ulysses-early-read: K and V's exchanges overlapped with Q's, and read before their wait */

@@ -29,6 +29,11 @@ static const char *missing_why(unsigned bit)
     case FS_INJ_NEEDS_ULY1:
         return "with --ulysses >= 2 a dispatch keyed on the Ulysses degree takes the replicated-text path, which is "
                "right";
+    case FS_INJ_NEEDS_TXT_SHARD:
+        return "the text is replicated: its heads are sliced locally, and only the image tokens are exchanged";
+    case FS_INJ_NEEDS_HEADS_SP:
+        return "the local heads do not divide by ulysses·ring: an all-to-all over the whole sequence-parallel group "
+               "cannot split them (it fails loudly, not silently)";
     case FS_INJ_NEEDS_FLUX2:
         return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
                "to_qkv_mlp_proj are)";
@@ -95,7 +100,7 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
         int64_t t0 = tokens_of(p, 0);
         for (int j = 0; j < p->ring; j++)
             for (int w = 1; w < p->ulysses; w++)
-                if (tokens_of(p, j * p->ulysses + w) != tokens_of(p, j * p->ulysses)) uneven = 1;
+                if (tokens_of(p, fs_par_sp_of(p, w, j)) != tokens_of(p, fs_par_sp_of(p, 0, j))) uneven = 1;
         if (!uneven) {
             snprintf(why, n, "the sequence divides evenly over the %d Ulysses ranks (%lld tokens each), so the "
                              "all-to-all's equal blocks need no padding",
@@ -198,6 +203,8 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_GUID, inp->has_guidance},
                       {FS_INJ_NEEDS_TXT_REP, p->text == FS_TEXT_REPLICATED && p->sp >= 2},
                       {FS_INJ_NEEDS_ULY1, p->ulysses == 1},
+                      {FS_INJ_NEEDS_TXT_SHARD, p->text != FS_TEXT_REPLICATED},
+                      {FS_INJ_NEEDS_HEADS_SP, c->num_attention_heads % (p->tp * p->sp) == 0},
                       {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2},
                       {FS_INJ_NEEDS_CFGPAR, p->cfg_par > 1 && inp->true_cfg_scale > 0}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)

@@ -436,8 +436,11 @@ static int configure_layout(fs_job *j, fs_err *e)
     j->ring = j->ring ? j->ring : 1;
     rc = o->plan ? fs_plan_load(&j->plan, o->plan, e) : fs_plan_parse(&j->plan, fs_plan_default_text_for(&j->cfg), j->cfg.family == FS_FLUX2 ? "built-in FLUX.2 plan" : "built-in plan", e);
     if (!rc)
-        rc = fs_par_init_cfg(&j->par, world, &j->cfg, ncfg, j->tp, j->uly, j->ring,
-                             o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER, &j->plan, e);
+        rc = fs_par_init_mesh(&j->par, world, &j->cfg, ncfg, j->tp, j->uly, j->ring,
+                              o->rotate && !strcmp(o->rotate, "p2p") ? FS_RING_P2P : FS_RING_ALLGATHER,
+                              o->mesh_order && !strcmp(o->mesh_order, "ring-inner") ? FS_MESH_RING_INNER
+                                                                                    : FS_MESH_ULYSSES_INNER,
+                              &j->plan, e);
     if (!rc && ncfg > 1 && !(j->in.true_cfg_scale > 0)) /* --inputs of a dump without true CFG */
         rc = fs_errf(e, FS_E_INPUT, "--cfg-parallel splits the two calls of true CFG over two rank groups, but %s has "
                                     "no true CFG (no negative prompt or true_cfg_scale)", o->inputs ? o->inputs : "this run");

@@ -34,6 +34,7 @@ typedef struct fs_job_opts {
     const char *config, *weights, *inputs, *dump, *dump_per_rank, *precision, *scheduler, *plan, *check_ref, *rotate,
         *backend, *lse_layout, *match, *ar_order, *stream, *dump_modules, *dump_steps;
     const char *text, *joint; /* --text sharded|replicated, --joint front|rear (NULL: sharded, front) */
+    const char *mesh_order;   /* --mesh-order ulysses-inner|ring-inner (NULL: ulysses-inner) */
     int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
