@@ -84,6 +84,11 @@ static void usage(FILE *f)
             "  --mesh-order M        the two sequence-parallel axes: ulysses-inner (a Ulysses group is\n"
             "                        consecutive ranks; yunchang's use_ulysses_low, xDiT/sglang's default)\n"
             "                        or ring-inner (a ring group is) [ulysses-inner]\n"
+            "  --pad P               under --ulysses/--ring: pad the sequence to a multiple of the degree\n"
+            "                        (torch.chunk shards, zero pad tokens in every exchange) with the pad\n"
+            "                        keys masked (mask: exact) or not (nomask: vllm-omni's default; --check\n"
+            "                        then measures the error per module instead of judging it)\n"
+            "                        [none: uneven shards exact, nothing padded]\n"
             "  --joint J             with --text replicated: the ring step the text K/V join the keys at, front\n"
             "                        (first step, in front) or rear (last step, behind), as xDiT's\n"
             "                        joint_strategy [front]\n"
@@ -274,7 +279,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT, O_TEXT, O_JOINT, O_MESH };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT, O_TEXT, O_JOINT, O_MESH, O_PAD };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -300,7 +305,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"true-cfg-scale", required_argument, 0, O_TRUECFG}, {"neg-txt-len", required_argument, 0, O_NEGTXT},
         {"cfg-parallel", no_argument, 0, O_CFGPAR},   {"cfg-batched", no_argument, 0, O_CFGBAT},
         {"text", required_argument, 0, O_TEXT},       {"joint", required_argument, 0, O_JOINT},
-        {"mesh-order", required_argument, 0, O_MESH},
+        {"mesh-order", required_argument, 0, O_MESH}, {"pad", required_argument, 0, O_PAD},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -413,6 +418,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
             o->text = optarg;
             if (strcmp(optarg, "sharded") && strcmp(optarg, "replicated"))
                 rc = fs_errf(e, FS_E_INPUT, "--text: '%s' is not sharded or replicated", optarg);
+            break;
+        case O_PAD:
+            o->pad = optarg;
+            if (strcmp(optarg, "mask") && strcmp(optarg, "nomask"))
+                rc = fs_errf(e, FS_E_INPUT, "--pad: '%s' is not mask or nomask", optarg);
             break;
         case O_MESH:
             o->mesh_order = optarg;

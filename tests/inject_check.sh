@@ -56,6 +56,9 @@ CASES=(
   "replicated-kv-a2a|2|--text replicated --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0;"
   "replicated-kv-a2a|4|--text replicated --tp 2 --ulysses 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 0, 1;"
   "a2a-world-group|4|--ulysses 2 --ring 2|0 transformer_blocks.0.attn.to_out.0 held by rank(s) 2;"
+  "shard-floor-drop|2|--ring 2|0 latents_in pieces: rank 0: dim 1 [0,17); rank 1: dim 1 [17,34)"
+  "pad-mask-ignored|2|--ring 2 --pad mask|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
+  "pad-mask-ignored|4|--ulysses 2 --ring 2 --pad mask|0 transformer_blocks.0.attn.to_out.0 held by rank(s)"
 )
 # Refused before any compute: ranks | options | expected: "cannot fire" or "fires but cannot change anything",
 # then a piece of the layout it ran under, then a piece of "it shows under ..." (the layouts named).
@@ -96,6 +99,8 @@ REFUSED=(
   "2|--text replicated --ulysses 2 --inject joint-kv-wrong-step|cannot fire|there is no ring attention|it shows under --text replicated --ring >= 2"
   "2|--text replicated --ring 2 --inject replicated-kv-a2a|cannot fire|there is no Ulysses all-to-all|it shows under --text replicated --ulysses >= 2"
   "2|--ulysses 2 --inject a2a-world-group|cannot fire|there is no ring attention|it shows under --ulysses >= 2 --ring >= 2"
+  "2|--ring 2 --inject pad-mask-ignored|cannot fire|there is no mask to drop|it shows under --pad mask"
+  "2|--ring 2 --grid 4x4 --txt-len 8 --inject shard-floor-drop|fires but cannot change anything|divide evenly over the 2 sequence-parallel ranks|it shows under --ulysses >= 2 or --ring >= 2 with a text or image length not divisible"
 )
 for c in "${REFUSED[@]}"; do
   IFS='|' read -r n opts kind where shows <<<"$c"

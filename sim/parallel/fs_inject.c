@@ -148,6 +148,19 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
                                     FS_INJ_REPORTS,
                                 "--ulysses >= 2 --ring >= 2 (either --mesh-order), alone or with --tp, with the heads "
                                 "divisible by tp·ulysses·ring (e.g. --ulysses 2 --ring 2)"},
+    [FS_INJ_SHARD_FLOOR_DROP] = {"shard-floor-drop",
+                                 "the sequence split in dim // world tokens a rank: the remainder tokens at the end are "
+                                 "held by no rank, silently dropped from the run",
+                                 "VeOmni#1139 (B11)", FS_INJ_NEEDS_SP | FS_INJ_MATTERS_SP_UNEVEN | FS_INJ_REPORTS,
+                                 "--ulysses >= 2 or --ring >= 2 with a text or image length not divisible by "
+                                 "ulysses·ring (e.g. --ring 2 --grid 5x7 --txt-len 13)"},
+    [FS_INJ_PAD_MASK_IGNORED] = {"pad-mask-ignored",
+                                 "--pad mask, but the attention backend takes the key mask through **kwargs and drops "
+                                 "it: the zero pad keys enter every softmax",
+                                 "VeOmni#1140 (B12)",
+                                 FS_INJ_NEEDS_SP | FS_INJ_NEEDS_PAD_MASK | FS_INJ_MATTERS_SP_UNEVEN | FS_INJ_REPORTS,
+                                 "--pad mask under --ulysses >= 2 or --ring >= 2 with some padding (a length not "
+                                 "divisible by the degree, e.g. --ring 2 --grid 5x7 --txt-len 13 --pad mask)"},
     [FS_INJ_NAN_RANK] = {"nan-rank:RANK:MODULE:STEP", "one element of MODULE's output becomes NaN on RANK at STEP",
                          "seed 003's symptom", FS_INJ_NEEDS_AT | FS_INJ_REPORTS,
                          "every layout that has rank RANK, with STEP < --steps and MODULE a recorded module"},

@@ -37,6 +37,8 @@ typedef enum fs_inj_id {
     FS_INJ_JOINT_KV_WRONG_STEP,
     FS_INJ_REPLICATED_KV_A2A,
     FS_INJ_A2A_WORLD_GROUP,
+    FS_INJ_SHARD_FLOOR_DROP,
+    FS_INJ_PAD_MASK_IGNORED,
     FS_INJ_COUNT
 } fs_inj_id;
 
@@ -95,6 +97,8 @@ enum fs_inj_need {
     FS_INJ_NEEDS_ULY1 = 1u << 18,      /* --ulysses 1: a dispatch keyed on the Ulysses degree takes the plain path */
     FS_INJ_NEEDS_TXT_SHARD = 1u << 19, /* --text sharded: the text goes through the exchanges with the image */
     FS_INJ_NEEDS_HEADS_SP = 1u << 20,  /* the local heads divide by ulysses·ring (an SP-wide head split) */
+    FS_INJ_NEEDS_PAD_MASK = 1u << 21,  /* --pad mask: a key mask exists to be dropped */
+    FS_INJ_MATTERS_SP_UNEVEN = 1u << 22, /* a stream's length does not divide by the SP degree */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

@@ -128,6 +128,13 @@ static void split_ceil(int64_t S, int P, int64_t *lo, int64_t *hi)
     }
 }
 
+/* --inject shard-floor-drop (VeOmni#1139): chunks of S // P, the remainder S % P held by no rank. */
+static void split_floor(int64_t S, int P, int64_t *lo, int64_t *hi)
+{
+    int64_t c = S / P;
+    for (int q = 0; q < P; q++) lo[q] = q * c, hi[q] = (q + 1) * c;
+}
+
 static void split(int64_t S, int P, int64_t *lo, int64_t *hi)
 {
     int64_t base = S / P, extra = S % P, off = 0;
@@ -149,7 +156,11 @@ int fs_par_set_seq(fs_par *p, int S_txt, int S_img, fs_err *e)
     p->img_hi = p->img_lo + p->sp;
     p->S_txt = S_txt;
     p->S_img = S_img;
-    void (*how)(int64_t, int, int64_t *, int64_t *) = fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK) ? split_ceil : split;
+    void (*how)(int64_t, int, int64_t *, int64_t *) =
+        fs_injected(p->inject, FS_INJ_SHARD_FLOOR_DROP) && p->sp > 1                 ? split_floor
+        : fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK) || p->pad != FS_PAD_NONE ? split_ceil /* padded at the end */
+                                                                                    : split;
+    if (how == split_floor && (S_txt % p->sp || S_img % p->sp)) fs_inject_fire(FS_INJ_SHARD_FLOOR_DROP);
     how(S_txt, p->sp, p->txt_lo, p->txt_hi);
     how(S_img, p->sp, p->img_lo, p->img_hi);
     if (p->text == FS_TEXT_REPLICATED) /* every SP rank holds the whole text */
@@ -181,6 +192,10 @@ const char *fs_par_describe(const fs_par *p, char *buf, size_t n)
              p->text != FS_TEXT_REPLICATED ? ""
              : p->sp > 1 ? (p->joint == FS_JOINT_REAR ? ", text replicated (joint rear)" : ", text replicated (joint front)")
                            : ", text replicated");
+    if (p->pad != FS_PAD_NONE && p->sp > 1) {
+        const size_t o = strlen(buf);
+        snprintf(buf + o, n > o ? n - o : 0, ", padded %s", p->pad == FS_PAD_MASK ? "with a key mask" : "without a mask");
+    }
     if (p->mesh == FS_MESH_RING_INNER && p->ulysses > 1 && p->ring > 1) {
         const size_t o = strlen(buf);
         snprintf(buf + o, n > o ? n - o : 0, ", ring inner");

@@ -39,6 +39,13 @@ typedef enum fs_joint_strategy { FS_JOINT_FRONT = 0, FS_JOINT_REAR } fs_joint_st
  * group consecutive, sp_rank = ulysses_rank · ring + ring_rank. SP rank q holds sequence chunk q
  * either way. */
 typedef enum fs_mesh_order { FS_MESH_ULYSSES_INNER = 0, FS_MESH_RING_INNER } fs_mesh_order;
+/* Padding layouts (--pad; VeOmni, vllm-omni auto_pad, sglang): the sequence is padded to a multiple
+ * of the degree — each stream split in torch.chunk's ceil-sized chunks, every rank's exchanged
+ * block (Ulysses) and ring chunk padded with zero tokens to the longest — and the pad keys are
+ * masked out of every softmax (MASK: exact) or not (NOMASK: vllm-omni's mask_sp_padding=False; the
+ * pad keys add exp(−max) terms to every denominator: inexact by design). NONE: the balanced
+ * uneven split, nothing padded (today's layout). */
+typedef enum fs_pad { FS_PAD_NONE = 0, FS_PAD_MASK, FS_PAD_NOMASK } fs_pad;
 
 typedef struct fs_par {
     int world, rank;
@@ -56,6 +63,7 @@ typedef struct fs_par {
     fs_text_place text;                   /* set before fs_par_set_seq (default: sharded) */
     fs_joint_strategy joint;
     fs_mesh_order mesh;
+    fs_pad pad;                           /* set before fs_par_set_seq (default: none) */
     const fs_plan *plan;                  /* TP plan (used when tp > 1) */
     const fs_config *cfg;                 /* the model fs_par_init was given (must outlive the par) */
     const fs_inject *inject;              /* --inject: bugs re-created on purpose (NULL: none) */

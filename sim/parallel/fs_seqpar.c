@@ -20,10 +20,20 @@ int fs_seqpar_text_joins(const fs_par *p)
 /* Tokens SP rank q puts through the sequence exchange: its text chunk (txt) + its image chunk. */
 static int64_t tokens_of(const fs_par *p, int q, int txt) { return (txt ? fs_par_txt_n(p, q) : 0) + fs_par_img_n(p, q); }
 
+/* --pad mask: the pad keys are masked out (unless --inject pad-mask-ignored drops the mask) */
+static int pad_masked(const fs_par *p)
+{
+    if (p->pad != FS_PAD_MASK || p->sp < 2) return 0;
+    if (!fs_injected(p->inject, FS_INJ_PAD_MASK_IGNORED)) return 1;
+    fs_inject_fire(FS_INJ_PAD_MASK_IGNORED); /* the mask handed to a backend that drops it */
+    return 0;
+}
+
 static int64_t uly_block(const fs_par *p, int q, int txt)
 {
     int64_t n = tokens_of(p, q, txt);
-    if (p->ulysses > 1 && fs_injected(p->inject, FS_INJ_ULYSSES_UNEVEN_CHUNK)) /* torch.chunk's equal blocks */
+    /* torch.chunk's equal blocks (--inject ulysses-uneven-chunk), or the padded layout's (--pad) */
+    if (p->ulysses > 1 && (fs_injected(p->inject, FS_INJ_ULYSSES_UNEVEN_CHUNK) || p->pad != FS_PAD_NONE))
         for (int w = 0, r = fs_par_ring_of(p, q); w < p->ulysses; w++)
             if (tokens_of(p, fs_par_sp_of(p, w, r), txt) > n) n = tokens_of(p, fs_par_sp_of(p, w, r), txt);
     return n;
@@ -45,6 +55,16 @@ static int64_t ring_chunk(const fs_par *p, int j, int txt)
         return n;
     }
     for (int w = 0; w < p->ulysses; w++) n += uly_block(p, fs_par_sp_of(p, w, j), txt);
+    return n;
+}
+
+/* The keys ring member j's chunk holds before the ring pads it: under --pad mask the Ulysses
+ * blocks' pad rows are gone already (uly_compact), so its real tokens; else ring_chunk. */
+static int64_t ring_keys(const fs_par *p, int j, int txt, int masked)
+{
+    if (!masked || a2a_world(p)) return ring_chunk(p, j, txt);
+    int64_t n = 0;
+    for (int w = 0; w < p->ulysses; w++) n += tokens_of(p, fs_par_sp_of(p, w, j), txt);
     return n;
 }
 
@@ -107,7 +127,7 @@ typedef struct ring_chunks {
     int64_t *n, *off, total, maxn;
 } ring_chunks;
 
-static int ring_chunks_make(const fs_par *p, ring_chunks *ch, int txt, fs_err *e)
+static int ring_chunks_make(const fs_par *p, ring_chunks *ch, int txt, int masked, fs_err *e)
 {
     const int R = p->ring;
     *ch = (ring_chunks){0};
@@ -115,7 +135,7 @@ static int ring_chunks_make(const fs_par *p, ring_chunks *ch, int txt, fs_err *e
         return fs_errf(e, FS_E_NOMEM, "ring attention: out of memory for %d chunk sizes", R);
     ch->off = ch->n + R;
     for (int j = 0; j < R; j++) {
-        ch->n[j] = ring_chunk(p, j, txt);
+        ch->n[j] = ring_keys(p, j, txt, masked);
         if (ch->n[j] > ch->maxn) ch->maxn = ch->n[j];
     }
     return FS_OK;
@@ -135,12 +155,12 @@ static void ring_chunks_place(ring_chunks *ch, int R)
  * (K/V gathered "as if equal" with unmasked zero padding). *k, *v are replaced by the padded
  * copies when they are shorter; every chunk's count becomes the largest. */
 static int inject_pad_chunks(fs_backend *be, ring_chunks *ch, int R, const fs_tensor **k, const fs_tensor **v,
-                             fs_tensor *kpad, fs_tensor *vpad, fs_err *e)
+                             fs_tensor *kpad, fs_tensor *vpad, int injected, fs_err *e)
 {
     const fs_tensor *K = *k, *V = *v;
     const int64_t maxn = ch->maxn;
     for (int j = 0; j < R; j++) {
-        if (ch->n[j] < maxn) fs_inject_fire(FS_INJ_SEQ_UNEVEN_CHUNK);
+        if (ch->n[j] < maxn && injected) fs_inject_fire(FS_INJ_SEQ_UNEVEN_CHUNK);
         ch->n[j] = maxn;
     }
     if (K->shape[1] >= maxn) return FS_OK;
@@ -204,6 +224,10 @@ typedef struct ring_state {
     const fs_tensor *jk, *jv;
     int join_step, rear, join_every; /* join_every: --inject joint-kv-wrong-step */
     fs_tensor jkc, jvc;
+    /* --pad mask: chunk j's real keys (its first real[j] rows; the rest is the ring's padding,
+     * masked out); NULL: every row is a key. tk, tv: a chunk cut to its real rows. */
+    const int64_t *real;
+    fs_tensor tk, tv;
 } ring_state;
 
 static void ring_free(ring_state *st)
@@ -221,6 +245,8 @@ static void ring_free(ring_state *st)
     fs_tensor_free(&st->k32);
     fs_tensor_free(&st->jkc);
     fs_tensor_free(&st->jvc);
+    fs_tensor_free(&st->tk);
+    fs_tensor_free(&st->tv);
 }
 
 /* q [B, Sq, h, Dh], o [B, Sq, h, Dh]: the buffers of the running merge. */
@@ -328,8 +354,16 @@ static int ring_step(ring_state *st, const fs_tensor *kc, const fs_tensor *vc, f
  * xdit_ring_flash_attn_forward: front, torch.cat([joint, k]) at step 0; rear, torch.cat([k,
  * joint]) at the last step). The chunk may be empty (a ring member without image tokens): the
  * joined keys are not. */
-static int ring_step_at(ring_state *st, int i, const fs_tensor *kc, const fs_tensor *vc, fs_err *e)
+static int ring_step_at(ring_state *st, int i, int j, const fs_tensor *kc, const fs_tensor *vc, fs_err *e)
 {
+    if (st->real && st->real[j] < kc->shape[1]) { /* --pad mask: the pad rows masked out of the softmax */
+        fs_tensor_free(&st->tk);
+        fs_tensor_free(&st->tv);
+        int rc = take_block(st->be, &st->tk, kc, 0, st->real[j], 0, kc->shape[2], e);
+        if (!rc) rc = take_block(st->be, &st->tv, vc, 0, st->real[j], 0, vc->shape[2], e);
+        if (rc) return rc;
+        kc = &st->tk, vc = &st->tv;
+    }
     if (!st->jk || (i != st->join_step && !st->join_every)) return ring_step(st, kc, vc, e);
     if (i != st->join_step) fs_inject_fire(FS_INJ_JOINT_KV_WRONG_STEP); /* the step condition dropped */
     fs_tensor_free(&st->jkc);
@@ -374,7 +408,7 @@ static int ring_visit_allgathered(const fs_par *p, ring_state *st, const ring_ch
         fs_tensor kj = fs_tensor_reshape(&kall, 4, s4), vj = kj;
         kj.data = (char *)kall.data + (size_t)(dsp[j]) * es;
         vj.data = (char *)vall.data + (size_t)(dsp[j]) * es;
-        rc = ring_step_at(st, i, &kj, &vj, e);
+        rc = ring_step_at(st, i, j, &kj, &vj, e);
     }
 out:
     free(cnt);
@@ -424,7 +458,7 @@ static int ring_visit_p2p(const fs_par *p, ring_state *st, const ring_chunks *ch
         int64_t s4[4] = {B, ch->n[j], h, Dh};
         fs_tensor kj = fs_tensor_reshape(read_stale ? &stale_k : &kb[cur], 4, s4),
                   vj = fs_tensor_reshape(read_stale ? &stale_v : &vb[cur], 4, s4);
-        rc = ring_step_at(st, i, &kj, &vj, e);
+        rc = ring_step_at(st, i, j, &kj, &vj, e);
         /* the exchange is waited for even when the step failed: its buffers are freed below */
         int rc1 = fs_ring_wait(&rk, e), rc2 = fs_ring_wait(&rv, e);
         if ((rc = rc ? rc : rc1 ? rc1 : rc2)) goto out;
@@ -448,12 +482,21 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
     ring_chunks ch;
     ring_state st = {0};
     fs_tensor kpad = {0}, vpad = {0};
-    int rc = ring_chunks_make(p, &ch, txt, e);
+    const int masked = pad_masked(p);
+    int64_t *real = NULL;
+    int rc = ring_chunks_make(p, &ch, txt, masked, e);
     if (rc) return rc;
-    if (fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK)) /* --inject seq-uneven-chunk */
-        rc = inject_pad_chunks(be, &ch, p->ring, &k, &v, &kpad, &vpad, e);
+    /* --pad: every chunk exchanged at the longest's length, zero rows at its end (masked out under
+     * --pad mask: ring_step_at cuts each to its real keys); --inject seq-uneven-chunk: the same,
+     * attended */
+    if (masked && ch.maxn && !(real = malloc(sizeof(int64_t) * (size_t)p->ring)))
+        rc = fs_errf(e, FS_E_NOMEM, "ring attention: out of memory");
+    for (int j = 0; real && j < p->ring; j++) real[j] = ch.n[j];
+    if (!rc && (fs_injected(p->inject, FS_INJ_SEQ_UNEVEN_CHUNK) || p->pad != FS_PAD_NONE))
+        rc = inject_pad_chunks(be, &ch, p->ring, &k, &v, &kpad, &vpad, p->pad == FS_PAD_NONE, e);
     ring_chunks_place(&ch, p->ring);
     if (!rc) rc = ring_start(&st, p, be, o, q, e);
+    st.real = real;
     if (!rc && jk) {
         st.jk = jk, st.jv = jv, st.rear = p->joint == FS_JOINT_REAR, st.join_step = st.rear ? p->ring - 1 : 0;
         st.join_every = fs_injected(p->inject, FS_INJ_JOINT_KV_WRONG_STEP);
@@ -462,6 +505,7 @@ static int ring_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const f
                                                  : ring_visit_p2p(p, &st, &ch, k, v, e);
     if (!rc) rc = ring_finish(&st, e);
     ring_free(&st);
+    free(real);
     free(ch.n);
     fs_tensor_free(&kpad);
     fs_tensor_free(&vpad);
@@ -667,6 +711,35 @@ out:
     return rc;
 }
 
+/* --pad mask: the gathered K or V [B, S_u, hb, Dh] without the members' pad rows (each member's
+ * block is its x_w rows, the first n_w real): the key mask, applied by leaving the masked keys
+ * out (exp(−inf) = 0: the same softmax). In place. */
+static int uly_compact(const fs_par *p, fs_backend *be, fs_tensor *t, int txt, fs_err *e)
+{
+    fs_uly_plan u;
+    int rc = uly_plan_make(p, &u, txt, e);
+    if (rc) return rc;
+    int64_t real = 0;
+    for (int w = 0; w < u.U; w++) real += u.n[w];
+    fs_tensor c = {0}, blk = {0};
+    if (real != u.S_u) {
+        rc = alloc4(be, &c, t->dtype, t->shape[0], real, t->shape[2], t->shape[3], e);
+        for (int w = 0, off = 0; w < u.U && !rc; off += (int)u.n[w], w++) {
+            fs_tensor_free(&blk);
+            if (!(rc = take_block(be, &blk, t, u.toff[w], u.n[w], 0, t->shape[2], e))) rc = put_block(be, &c, &blk, off, 0, e);
+        }
+        if (!rc) {
+            fs_tensor_free(t);
+            *t = c;
+            c = (fs_tensor){0};
+        }
+    }
+    fs_tensor_free(&c);
+    fs_tensor_free(&blk);
+    fs_uly_plan_free(&u);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- replicated text */
 
 /* Attention with the text replicated on every SP rank: q, k, v, o [B, S_txt + s_img, Hl, Dh],
@@ -707,6 +780,8 @@ static int joint_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const 
         if (kv_a2a) fs_inject_fire(FS_INJ_REPLICATED_KV_A2A);
         if ((rc = ulysses_scatter_heads(p, be, kv_a2a ? k : &ik, &ku, early, kv_a2a, e)) ||
             (rc = ulysses_scatter_heads(p, be, kv_a2a ? v : &iv, &vu, early, kv_a2a, e)))
+            goto out;
+        if (pad_masked(p) && ((rc = uly_compact(p, be, &ku, kv_a2a, e)) || (rc = uly_compact(p, be, &vu, kv_a2a, e))))
             goto out;
         Qi = &qu, Ki = &ku, Vi = &vu;
     }
@@ -771,6 +846,9 @@ int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_
     const int early = fs_injected(p->inject, FS_INJ_ULYSSES_EARLY_READ);
     if ((rc = ulysses_scatter_heads(p, be, q, &qu, 0, 1, e)) || (rc = ulysses_scatter_heads(p, be, k, &ku, early, 1, e)) ||
         (rc = ulysses_scatter_heads(p, be, v, &vu, early, 1, e)))
+        goto out;
+    /* --pad mask: the pad keys out of the softmax (a2a-world-group's exchange pads nothing) */
+    if (pad_masked(p) && !a2a_world(p) && ((rc = uly_compact(p, be, &ku, 1, e)) || (rc = uly_compact(p, be, &vu, 1, e))))
         goto out;
     if ((rc = fs_tensor_alloc_on(&ou, be, qu.dtype, 4, qu.shape, e))) goto out;
     if ((rc = local_or_ring(p, be, &ou, &qu, &ku, &vu, e))) goto out;

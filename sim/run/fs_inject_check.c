@@ -34,6 +34,7 @@ static const char *missing_why(unsigned bit)
     case FS_INJ_NEEDS_HEADS_SP:
         return "the local heads do not divide by ulysses·ring: an all-to-all over the whole sequence-parallel group "
                "cannot split them (it fails loudly, not silently)";
+    case FS_INJ_NEEDS_PAD_MASK: return "the sequence is not padded with a key mask (--pad mask): there is no mask to drop";
     case FS_INJ_NEEDS_FLUX2:
         return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
                "to_qkv_mlp_proj are)";
@@ -107,6 +108,13 @@ static int harmless(int i, const fs_inject *in, const fs_par *p, const fs_config
                      p->ulysses, (long long)t0);
             return 1;
         }
+    }
+    if ((nd & FS_INJ_MATTERS_SP_UNEVEN) && !(p->S_img % p->sp) &&
+        (fs_seqpar_text_joins(p) || !(p->S_txt % p->sp))) {
+        snprintf(why, n, "the %s divide%s evenly over the %d sequence-parallel ranks: nothing is padded or left over",
+                 fs_seqpar_text_joins(p) ? "image tokens" : "text and image tokens", fs_seqpar_text_joins(p) ? "" : "",
+                 p->sp);
+        return 1;
     }
     if (nd & FS_INJ_MATTERS_MULTIHEAD) {
         const int h = c->num_attention_heads / (p->tp * p->ulysses);
@@ -205,6 +213,7 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_ULY1, p->ulysses == 1},
                       {FS_INJ_NEEDS_TXT_SHARD, p->text != FS_TEXT_REPLICATED},
                       {FS_INJ_NEEDS_HEADS_SP, c->num_attention_heads % (p->tp * p->sp) == 0},
+                      {FS_INJ_NEEDS_PAD_MASK, p->pad == FS_PAD_MASK},
                       {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2},
                       {FS_INJ_NEEDS_CFGPAR, p->cfg_par > 1 && inp->true_cfg_scale > 0}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)

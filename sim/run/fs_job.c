@@ -459,6 +459,7 @@ static int configure_layout(fs_job *j, fs_err *e)
     /* before the partition too: replicated text is on every SP rank */
     j->par.text = o->text && !strcmp(o->text, "replicated") ? FS_TEXT_REPLICATED : FS_TEXT_SHARDED;
     j->par.joint = o->joint && !strcmp(o->joint, "rear") ? FS_JOINT_REAR : FS_JOINT_FRONT;
+    j->par.pad = !o->pad ? FS_PAD_NONE : !strcmp(o->pad, "mask") ? FS_PAD_MASK : FS_PAD_NOMASK;
     if (!rc) rc = fs_par_set_seq(&j->par, j->in.S_txt, j->in.S_img, e);
     if (!rc) rc = fs_inject_refuse(j->par.inject, &j->par, &j->cfg, &j->in, e); /* an --inject that cannot act: exit 2 */
     /* true CFG's negative prompt is split like the prompt: the partition knows one text length */

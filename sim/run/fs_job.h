@@ -35,6 +35,7 @@ typedef struct fs_job_opts {
         *backend, *lse_layout, *match, *ar_order, *stream, *dump_modules, *dump_steps;
     const char *text, *joint; /* --text sharded|replicated, --joint front|rear (NULL: sharded, front) */
     const char *mesh_order;   /* --mesh-order ulysses-inner|ring-inner (NULL: ulysses-inner) */
+    const char *pad;          /* --pad mask|nomask (NULL: none, the exact uneven split) */
     int precision_given;
     int tp, ulysses, ring, check, comm_stats, brk, wait_rank;
     fs_inject inject;
