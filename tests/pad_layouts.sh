@@ -21,7 +21,7 @@ LAYOUTS=(
   "4|--ulysses 2 --ring 2 $G --ring-rotate p2p|fp64"
   "4|--ulysses 2 --ring 2 $G --mesh-order ring-inner|fp32"
   "3|--ring 3 $G --text replicated --joint rear|fp32"
-  "4|--ulysses 2 --ring 2 $G --text replicated|bf16"
+  "4|--ulysses 2 --ring 2 $G --text replicated --batch 2|bf16"
   "4|--tp 2 --ring 2 $G|fp32"
   "2|--config odd --ring 2|fp64"
   "2|$F2 --ulysses 2 $G|fp32"
@@ -91,6 +91,8 @@ REFUSED=(
   "2|--ring 2 --pad mask --inject pad-mask-ignored|divide evenly over the 2 sequence-parallel ranks"
   "2|--ring 2 --inject shard-floor-drop|divide evenly over the 2 sequence-parallel ranks"
   "2|--tp 2 $G --inject shard-floor-drop|the sequence is not split"
+  "2|--ring 2 $G --pad mask --inject seq-uneven-chunk|the layout pads already (--pad)"
+  "2|--ulysses 2 $G --pad nomask --inject ulysses-uneven-chunk|the layout pads already (--pad)"
   "1|--pad zero|--pad: 'zero' is not mask or nomask"
 )
 for c in "${REFUSED[@]}"; do

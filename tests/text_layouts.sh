@@ -24,7 +24,7 @@ LAYOUTS=(
   "3|--ring 3 $G|fp32"
   "3|--ring 3 --grid 1x2 --txt-len 4 --joint rear|fp32"
   "4|--ulysses 2 --ring 2 $G --joint rear|fp32"
-  "4|--ulysses 2 --ring 2 --ring-rotate p2p|fp64"
+  "4|--ulysses 2 --ring 2 --ring-rotate p2p --batch 2|fp64"
   "4|--tp 2 --ring 2 $G|bf16"
   "4|--tp 2 --ulysses 2|fp64"
   "2|--config odd --ring 2 $G|fp32"

@@ -54,7 +54,7 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
     [FS_INJ_SEQ_UNEVEN_CHUNK] = {"seq-uneven-chunk",
                                  "sequence shards sized like torch.chunk (ceil) and the ring's K/V chunks all-gathered as if "
                                  "equal: padded with zero tokens that attention does not mask",
-                                 "seed 002", FS_INJ_NEEDS_RING | FS_INJ_MATTERS_RING_UNEVEN | FS_INJ_REPORTS,
+                                 "seed 002", FS_INJ_NEEDS_RING | FS_INJ_MATTERS_RING_UNEVEN | FS_INJ_NEEDS_NO_PAD | FS_INJ_REPORTS,
                                  "--ring >= 2 with ring chunks of unequal length, alone or with --ulysses/--tp (e.g. --ring 2 "
                                  "--grid 5x7 --txt-len 13); the Ulysses all-to-all form is ulysses-uneven-chunk"},
     [FS_INJ_FUSED_QKV_CONTIGUOUS] = {"fused-qkv-contiguous",
@@ -66,7 +66,7 @@ static const fs_inject_info cat[FS_INJ_COUNT] = {
     [FS_INJ_ULYSSES_UNEVEN_CHUNK] = {"ulysses-uneven-chunk",
                                      "Ulysses all-to-all in torch.chunk-sized equal blocks: short shards zero-padded to "
                                      "the longest, the padding attended as tokens",
-                                     "seed 002 under Ulysses", FS_INJ_NEEDS_ULY | FS_INJ_MATTERS_ULY_UNEVEN | FS_INJ_REPORTS,
+                                     "seed 002 under Ulysses", FS_INJ_NEEDS_ULY | FS_INJ_MATTERS_ULY_UNEVEN | FS_INJ_NEEDS_NO_PAD | FS_INJ_REPORTS,
                                      "--ulysses >= 2 with Ulysses shards of unequal length, alone or with --ring/--tp "
                                      "(e.g. --ulysses 2 --grid 5x7 --txt-len 13)"},
     [FS_INJ_ULYSSES_EARLY_READ] = {"ulysses-early-read",

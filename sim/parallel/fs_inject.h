@@ -99,6 +99,7 @@ enum fs_inj_need {
     FS_INJ_NEEDS_HEADS_SP = 1u << 20,  /* the local heads divide by ulysses·ring (an SP-wide head split) */
     FS_INJ_NEEDS_PAD_MASK = 1u << 21,  /* --pad mask: a key mask exists to be dropped */
     FS_INJ_MATTERS_SP_UNEVEN = 1u << 22, /* a stream's length does not divide by the SP degree */
+    FS_INJ_NEEDS_NO_PAD = 1u << 24,    /* no --pad: the layout does not pad on purpose already */
 };
 typedef struct fs_inject_info {
     const char *name, *what, *source;

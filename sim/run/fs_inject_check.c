@@ -35,6 +35,9 @@ static const char *missing_why(unsigned bit)
         return "the local heads do not divide by ulysses·ring: an all-to-all over the whole sequence-parallel group "
                "cannot split them (it fails loudly, not silently)";
     case FS_INJ_NEEDS_PAD_MASK: return "the sequence is not padded with a key mask (--pad mask): there is no mask to drop";
+    case FS_INJ_NEEDS_NO_PAD:
+        return "the layout pads already (--pad): its pad keys are masked (--pad mask; the mask's bug is "
+               "pad-mask-ignored) or attended by design (--pad nomask)";
     case FS_INJ_NEEDS_FLUX2:
         return "the model is FLUX.1: none of its Linears is packed column-parallel (FLUX.2's linear_in and "
                "to_qkv_mlp_proj are)";
@@ -214,6 +217,7 @@ int fs_inject_refuse(const fs_inject *in, const fs_par *p, const fs_config *c, c
                       {FS_INJ_NEEDS_TXT_SHARD, p->text != FS_TEXT_REPLICATED},
                       {FS_INJ_NEEDS_HEADS_SP, c->num_attention_heads % (p->tp * p->sp) == 0},
                       {FS_INJ_NEEDS_PAD_MASK, p->pad == FS_PAD_MASK},
+                      {FS_INJ_NEEDS_NO_PAD, p->pad == FS_PAD_NONE},
                       {FS_INJ_NEEDS_FLUX2, c->family == FS_FLUX2},
                       {FS_INJ_NEEDS_CFGPAR, p->cfg_par > 1 && inp->true_cfg_scale > 0}};
         for (size_t b = 0; b < FS_ARRAY_LEN(layout); b++)

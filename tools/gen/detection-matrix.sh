@@ -36,6 +36,7 @@ LAYOUTS=(
   "--cfg-parallel --true-cfg-scale 4 --ring 2|4"
   "--text replicated --ring 2|2"
   "--text replicated --ulysses 2 --ring 2|4"
+  "--pad mask --ring 2|2"
 )
 
 [ -x "$BIN" ] || { echo "detection-matrix: $BIN not built (make)" >&2; exit 2; }
