@@ -122,6 +122,12 @@ CASES=(
   "lse-shard-offset|2|--ring 2|0 transformer_blocks.0.attn.to_out.0"
   "lse-layout-guessed|2|--ring 2 --grid 2x4 --txt-len 8|0 transformer_blocks.0.attn.to_out.0"
   "cfg-uncond-sees-cond|2|--cfg-parallel --true-cfg-scale 4|0 context_embedder@1"
+  "replicated-text-rotated|2|--text replicated --ring 2|0 transformer_blocks.0.attn.to_out.0"
+  "joint-kv-wrong-step|2|--text replicated --ring 2 --joint rear|0 transformer_blocks.0.attn.to_out.0"
+  "replicated-kv-a2a|2|--text replicated --ulysses 2|0 transformer_blocks.0.attn.to_out.0"
+  "a2a-world-group|4|--ulysses 2 --ring 2|0 transformer_blocks.0.attn.to_out.0"
+  "shard-floor-drop|2|--ring 2|0 latents_in"
+  "pad-mask-ignored|2|--ring 2 --pad mask|0 transformer_blocks.0.attn.to_out.0"
 )
 # every kind `--inject list` names has a case here (fail-rank is a fault, not a bug: rank_failure.sh)
 kinds=$($SIM --inject list | awk '/^  [a-z]/ {sub(/:.*/, "", $1); print $1}')
