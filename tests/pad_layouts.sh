@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Padding layouts (issue 20; docs/parallel.md §3.9; B11-B13 of ../shared/field-bugs-2026.md).
+# Padding layouts (issue 20; docs/parallel.md §3.10; B11-B13 of ../shared/field-bugs-2026.md).
 # 1. --pad mask (each stream split in torch.chunk's ceil-sized chunks, every exchanged block and
 # ring chunk padded with zero tokens to the longest, the pad keys masked out) reproduces the
 # single-rank run under ring, Ulysses, USP, TP, replicated text, both mesh orders, fp32/fp64/bf16,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Text placement under sequence parallelism (issue 20; docs/parallel.md §3.2, "Text placement";
+# Text placement under sequence parallelism (issue 20; docs/parallel.md §3.9, "Text placement";
 # B2-B4, B6, B7 of ../shared/field-bugs-2026.md). 1. --text replicated (every SP rank holds all
 # text tokens, image tokens sharded; the text K/V join at one ring step, --joint front|rear; under
 # Ulysses the text heads are sliced locally) reproduces the single-rank run under ring, Ulysses,
