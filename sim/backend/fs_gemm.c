@@ -97,8 +97,11 @@ static void init(void)
     const unsigned ui = (unsigned)isa;
     const int has_amx = (ui & (unsigned)dnnl_cpu_isa_avx512_core_amx) == (unsigned)dnnl_cpu_isa_avx512_core_amx;
     const int has_bf16 = (ui & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    /* only the two documented values force a path: an empty or unknown FS_GEMM_BF16 leaves the
+     * choice to the CPU (an empty one used to force oneDNN for every shape) */
     const char *force = getenv("FS_GEMM_BF16");
-    native = force && !strcmp(force, "sgemm") ? 0 : force && !strcmp(force, "onednn") ? 1 : has_bf16;
+    if (force && strcmp(force, "sgemm") && strcmp(force, "onednn")) force = NULL;
+    native = force ? !strcmp(force, "onednn") : has_bf16;
     native_min_m = force || has_amx ? 0 : FS_GEMM_BF16_WIDEN_M;
     if (native && dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) native = 0;
 }
