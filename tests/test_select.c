@@ -3,10 +3,11 @@
  * (reliability probe 3, T19: it was refused only after step 0 had been computed).
  *
  * The names list is built from the config alone, beside the forward that really records the
- * names (sim/model/fs_flux1.c, fs_layers.c). This test keeps the two one definition: for every
- * preset the list knows (today FLUX.1's), at its real block counts and guidance setting but
- * small widths, and for configs without guidance or without one kind of block, a real one-step
- * run records exactly the listed names, in the listed order. */
+ * names (sim/model/fs_flux1.c, fs_flux2.c, fs_layers.c). This test keeps the two one definition:
+ * for every preset of both families (FLUX.1 and FLUX.2), at its real block counts and guidance
+ * setting but small widths, with and without true CFG, and for configs without guidance or
+ * without one kind of block, a real one-step run records exactly the listed names, in the listed
+ * order. */
 #include "test_util.h"
 
 #include "fs_backends.h"
@@ -40,7 +41,11 @@ static void shrink(fs_config *c)
     c->attention_head_dim = 16;
     c->joint_attention_dim = 16;
     c->pooled_projection_dim = 16;
-    c->axes_dims_rope[0] = 4, c->axes_dims_rope[1] = 6, c->axes_dims_rope[2] = 6;
+    if (c->family == FS_FLUX2) /* 4 axes, no pooled vector, a small sinusoid */
+        c->pooled_projection_dim = 0, c->timestep_guidance_channels = 32,
+        c->axes_dims_rope[0] = c->axes_dims_rope[1] = c->axes_dims_rope[2] = c->axes_dims_rope[3] = 4;
+    else
+        c->axes_dims_rope[0] = 4, c->axes_dims_rope[1] = 6, c->axes_dims_rope[2] = 6;
 }
 
 /* One step of a real run of cfg records exactly fs_record_names' list. Returns the list's length. */
@@ -94,26 +99,29 @@ static void test_names_agree_with_runs(void **state)
         int known = 0;
         assert_int_equal(fs_record_names(&c, 0, &l, &known, &e), 0);
         fs_names_free(&l);
-        if (!known) { /* a family without a list (FLUX.2): checked at the end of its first step */
-            printf("  [%s] no names list for this family: --dump-modules is checked after the first step\n", *p);
-            continue;
-        }
+        assert_true(known); /* every family has its list */
         shrink(&c);
         check_agrees(*p, &c, 0);
         check_agrees(*p, &c, 3.0); /* a second, negative-prompt call per step, renamed name@k */
         checked++;
     }
-    assert_true(checked >= 3); /* default, flux-dev, flux-schnell at least */
-    /* guidance on and off, each kind of block absent */
-    fs_config c;
-    assert_int_equal(fs_config_preset(&c, "default", NULL), 0);
-    shrink(&c);
-    for (int g = 0; g < 2; g++) {
-        c.guidance_embeds = g;
-        c.num_layers = 0, c.num_single_layers = 2;
-        check_agrees(g ? "no double blocks, guidance" : "no double blocks, no guidance", &c, 0);
-        c.num_layers = 3, c.num_single_layers = 0;
-        check_agrees(g ? "no single blocks, guidance" : "no single blocks, no guidance", &c, 0);
+    assert_true(checked >= 8); /* default, flux-dev, flux-schnell, flux2-dev, flux2-klein-4b/9b, ... */
+    /* guidance on and off, each kind of block absent, for both families */
+    static const char *const fam[] = {"default", "flux2-default"};
+    for (int f = 0; f < 2; f++) {
+        fs_config c;
+        assert_int_equal(fs_config_preset(&c, fam[f], NULL), 0);
+        shrink(&c);
+        for (int g = 0; g < 2; g++) {
+            char label[96];
+            c.guidance_embeds = g;
+            c.num_layers = 0, c.num_single_layers = 2;
+            snprintf(label, sizeof label, "%s: no double blocks, %s", fam[f], g ? "guidance" : "no guidance");
+            check_agrees(label, &c, 0);
+            c.num_layers = 3, c.num_single_layers = 0;
+            snprintf(label, sizeof label, "%s: no single blocks, %s", fam[f], g ? "guidance" : "no guidance");
+            check_agrees(label, &c, 0);
+        }
     }
 }
 
@@ -156,6 +164,28 @@ static void test_check_model(void **state)
         assert_int_equal(fs_config_preset(&c, "default", NULL), 0);
         fs_select s;
         assert_int_equal(fs_select_parse(&s, "x_embedder@1,time_text_embed.time_proj@3", NULL, &e), 0);
+        assert_int_equal(fs_select_check_model(&s, &c, 0, &e), FS_E_INPUT);
+        assert_int_equal(fs_select_check_model(&s, &c, 1, &e), 0);
+        fs_select_free(&s);
+    }
+    /* FLUX.2: its own names (flux2-dev: 8 double blocks, 48 single, guidance; klein: none) */
+    assert_int_equal(check_sel("single_transformer_blocks.47.attn.to_qkv_mlp_proj", "flux2-dev", &e), 0);
+    assert_int_equal(check_sel("transformer_blocks.7.ff.act_fn.gate_fn", "flux2-dev", &e), 0);
+    assert_int_equal(check_sel("double_stream_modulation_*", "flux2-klein-4b", &e), 0);
+    assert_int_equal(check_sel("pos_embed@1#0", "flux2-tiny", &e), 0);
+    assert_int_equal(check_sel("transformer_blocks.8.*", "flux2-dev", &e), FS_E_INPUT);
+    assert_non_null(strstr(e.msg, "--dump-modules transformer_blocks.8.*: matches no module of this model"));
+    assert_int_equal(check_sel("time_guidance_embed.guidance_embedder*", "flux2-klein-9b", &e), FS_E_INPUT);
+    assert_int_equal(check_sel("time_guidance_embed.guidance_embedder*", "flux2-dev", &e), 0);
+    /* FLUX.1 names are not FLUX.2's, and the other way round */
+    assert_int_equal(check_sel("time_text_embed*,single_transformer_blocks.0.proj_mlp", "flux2-tiny", &e), FS_E_INPUT);
+    assert_int_equal(check_sel("single_stream_modulation,transformer_blocks.0.ff.linear_in", "tiny", &e),
+                     FS_E_INPUT);
+    {
+        fs_config c;
+        assert_int_equal(fs_config_preset(&c, "flux2-tiny", NULL), 0);
+        fs_select s;
+        assert_int_equal(fs_select_parse(&s, "pos_embed@3#1", NULL, &e), 0); /* the negative call's text ids */
         assert_int_equal(fs_select_check_model(&s, &c, 0, &e), FS_E_INPUT);
         assert_int_equal(fs_select_check_model(&s, &c, 1, &e), 0);
         fs_select_free(&s);

@@ -210,12 +210,89 @@ static int flux1_names(const fs_config *c, fs_names *l)
     return FS_OK;
 }
 
+/* FLUX.2, as sim/model/fs_flux2.c records it (diffusers' Flux2Transformer2DModel module paths):
+ * the embedding and the three shared modulations come before the input projections, the blocks'
+ * norms are plain LayerNorms, the MLPs SwiGLU (act_fn.gate_fn is its SiLU), pos_embed fires on
+ * the image ids then the text ids (@1), to_add_out fires before to_out.0. */
+static int flux2_ff(fs_names *l, const char *p)
+{
+    int rc;
+    NAME("%s.linear_in", p);
+    NAME("%s.act_fn.gate_fn", p);
+    NAME("%s.act_fn", p);
+    NAME("%s.linear_out", p);
+    NAME("%s", p);
+    return FS_OK;
+}
+
+static int flux2_names(const fs_config *c, fs_names *l)
+{
+    int rc;
+    char p[64], q[96];
+    NAME("time_guidance_embed.time_proj");
+    if ((rc = mlp_embedder(l, "time_guidance_embed.timestep_embedder", "act"))) return rc;
+    if (c->guidance_embeds) {
+        NAME("time_guidance_embed.time_proj@1");
+        if ((rc = mlp_embedder(l, "time_guidance_embed.guidance_embedder", "act"))) return rc;
+    }
+    NAME("time_guidance_embed");
+    static const char *const mods[] = {"double_stream_modulation_img", "double_stream_modulation_txt",
+                                       "single_stream_modulation"};
+    for (size_t k = 0; k < sizeof mods / sizeof *mods; k++) {
+        NAME("%s.act_fn", mods[k]);
+        NAME("%s.linear", mods[k]);
+        NAME("%s", mods[k]);
+    }
+    NAME("x_embedder");
+    NAME("context_embedder");
+    NAME("pos_embed#0");
+    NAME("pos_embed#1");
+    NAME("pos_embed@1#0");
+    NAME("pos_embed@1#1");
+    static const char *const attn[] = {"to_q",   "to_k",   "to_v",         "add_q_proj",   "add_k_proj",
+                                       "add_v_proj", "norm_q", "norm_k",   "norm_added_q", "norm_added_k",
+                                       "to_add_out", "to_out.0", "to_out.1"};
+    for (int i = 0; i < c->num_layers; i++) {
+        snprintf(p, sizeof p, "transformer_blocks.%d", i);
+        NAME("%s.norm1", p);
+        NAME("%s.norm1_context", p);
+        for (size_t k = 0; k < sizeof attn / sizeof *attn; k++) NAME("%s.attn.%s", p, attn[k]);
+        NAME("%s.attn#0", p);
+        NAME("%s.attn#1", p);
+        NAME("%s.norm2", p);
+        snprintf(q, sizeof q, "%s.ff", p);
+        if ((rc = flux2_ff(l, q))) return rc;
+        NAME("%s.norm2_context", p);
+        snprintf(q, sizeof q, "%s.ff_context", p);
+        if ((rc = flux2_ff(l, q))) return rc;
+        NAME("%s#0", p);
+        NAME("%s#1", p);
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
+        NAME("%s.norm", p);
+        NAME("%s.attn.to_qkv_mlp_proj", p);
+        NAME("%s.attn.norm_q", p);
+        NAME("%s.attn.norm_k", p);
+        NAME("%s.attn.mlp_act_fn.gate_fn", p);
+        NAME("%s.attn.mlp_act_fn", p);
+        NAME("%s.attn.to_out", p);
+        NAME("%s.attn", p);
+        NAME("%s", p);
+    }
+    if ((rc = ada_norm(l, "norm_out", 0))) return rc;
+    NAME("norm_out");
+    NAME("proj_out");
+    return FS_OK;
+}
+
 /* One entry per model family with a names list, by diffusers class name. */
 static const struct {
     const char *class_name;
     int (*names)(const fs_config *, fs_names *);
 } families[] = {
     {"FluxTransformer2DModel", flux1_names},
+    {"Flux2Transformer2DModel", flux2_names},
 };
 
 /* True CFG (fs_sampler.c, cfg_record): the second, negative-prompt call of a step records each
