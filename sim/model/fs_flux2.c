@@ -40,43 +40,11 @@ static fs_tp_split part_split(const fs_layer_ctx *c, int64_t W)
 }
 
 /* time_guidance_embed: Flux2TimestepGuidanceEmbeddings. temb = timestep_embedder(sinusoid(t))
- * (+ guidance_embedder(sinusoid(g))). */
+ * (+ guidance_embedder(sinusoid(g))): the shared part of FLUX.1's, recorded as the module. */
 static int time_guidance_embed(fs_layer_ctx *c, const double *timestep, const double *guidance, fs_tensor *temb)
 {
-    const int B = c->B;
-    double t[64], g[64];
-    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, tc = {0}, gc = {0};
-    int rc = FS_OK;
-    if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
-    /* timestep.to(dtype) * 1000 and guidance.to(dtype) * 1000, as FLUX.1 */
-    for (int b = 0; b < B; b++) {
-        t[b] = fs_layer_embedded_scalar(c, timestep[b]);
-        if (guidance) g[b] = fs_layer_embedded_scalar(c, guidance[b]);
-    }
-    const fs_tensor *in;
-    TRY(fs_layer_time_proj(c, t, &tp));
-    TRY(REC(&tp, ST_REP, FS_TP_REPL, "time_guidance_embed.time_proj"));
-    TRY(fs_layer_to_run_dtype(c, &tp, &tc, &in));
-    TRY(fs_mlp_embedder(c, in, "time_guidance_embed.timestep_embedder", "act", &te));
-    if (guidance) {
-        TRY(fs_layer_time_proj(c, g, &gp));
-        TRY(REC(&gp, ST_REP, FS_TP_REPL, "time_guidance_embed.time_proj@1"));
-        TRY(fs_layer_to_run_dtype(c, &gp, &gc, &in));
-        TRY(fs_mlp_embedder(c, in, "time_guidance_embed.guidance_embedder", "act", &ge));
-        TRY(fs_layer_new_like(c, temb, &te));
-        TRY(c->be->add(c->be, temb, &te, &ge, c->e));
-    } else {
-        *temb = te;
-        te = (fs_tensor){0};
-    }
-    TRY(REC(temb, ST_REP, FS_TP_REPL, "time_guidance_embed"));
-out:
-    fs_tensor_free(&tp);
-    fs_tensor_free(&te);
-    fs_tensor_free(&gp);
-    fs_tensor_free(&ge);
-    fs_tensor_free(&tc);
-    fs_tensor_free(&gc);
+    int rc = fs_time_guidance(c, "time_guidance_embed", timestep, guidance, temb);
+    if (!rc && (rc = REC(temb, ST_REP, FS_TP_REPL, "time_guidance_embed"))) fs_tensor_free(temb);
     return rc;
 }
 
@@ -136,9 +104,8 @@ out:
 static int double_block(fs_layer_ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_tensor *mi, const fs_tensor *mt,
                         const fs_tensor *cos_t, const fs_tensor *sin_t)
 {
-    enum { XM, CM, Q, K, V, CQ, CK, CV, NQ, NK, NCQ, NCK, JQ, JK, JV, O, OX, OC, AX, AC, M2, FF, M2C, FFC, NT };
+    enum { XM, CM, AX, AC, M2, FF, M2C, FFC, NT };
     fs_tensor t[NT] = {0};
-    fs_tp_split sq, sk, scq, sck;
     char p[64], nm[160];
     int rc;
     fs_backend *be = c->be;
@@ -149,32 +116,9 @@ static int double_block(fs_layer_ctx *c, int i, fs_tensor *x, fs_tensor *cx, con
     TRY(norm_modulate(c, N("norm1"), x, ST_IMG, &mi[0], &mi[1], &t[XM]));
     TRY(norm_modulate(c, N("norm1_context"), cx, ST_TXT, &mt[0], &mt[1], &t[CM]));
 
-    /* attn = Flux2Attention with added (text) projections: _get_qkv_projections order */
-    TRY(fs_linear(c, &t[XM], N("attn.to_q"), ST_IMG, &t[Q], &sq));
-    TRY(fs_linear(c, &t[XM], N("attn.to_k"), ST_IMG, &t[K], &sk));
-    TRY(fs_linear(c, &t[XM], N("attn.to_v"), ST_IMG, &t[V], NULL));
-    TRY(fs_linear(c, &t[CM], N("attn.add_q_proj"), ST_TXT, &t[CQ], &scq));
-    TRY(fs_linear(c, &t[CM], N("attn.add_k_proj"), ST_TXT, &t[CK], &sck));
-    TRY(fs_linear(c, &t[CM], N("attn.add_v_proj"), ST_TXT, &t[CV], NULL));
-    TRY(fs_qk_norm(c, &t[Q], &sq, N("attn.norm_q"), ST_IMG, &t[NQ]));
-    TRY(fs_qk_norm(c, &t[K], &sk, N("attn.norm_k"), ST_IMG, &t[NK]));
-    TRY(fs_qk_norm(c, &t[CQ], &scq, N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
-    TRY(fs_qk_norm(c, &t[CK], &sck, N("attn.norm_added_k"), ST_TXT, &t[NCK]));
-    /* joint sequence text first, RoPE on q and k after the QK norm, as FLUX.1 */
-    TRY(fs_cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
-    TRY(fs_cat_seq(c, &t[NCK], &t[NK], &t[JK]));
-    TRY(fs_cat_seq(c, &t[CV], &t[V], &t[JV]));
-    TRY(fs_rope_inplace(c, &t[JQ], cos_t, sin_t));
-    TRY(fs_rope_inplace(c, &t[JK], cos_t, sin_t));
-    TRY(fs_sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
-    TRY(fs_slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
-    TRY(fs_slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
-    /* Flux2AttnProcessor applies to_add_out before to_out (unlike FLUX.1's order) */
-    TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, &t[AC], NULL));
-    TRY(fs_linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, &t[AX], NULL));
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn#0", p));        /* attn returns (image, text) */
-    TRY(REC(&t[AC], ST_TXT, FS_TP_REPL, "%s.attn#1", p));
+    /* attn = Flux2Attention with added (text) projections; Flux2AttnProcessor applies
+     * to_add_out before to_out (unlike FLUX.1's order) */
+    TRY(fs_joint_attention(c, p, &t[XM], &t[CM], cos_t, sin_t, 1, &t[AX], &t[AC]));
 
     /* image stream: gated attention residual, then norm2 → MLP on the updated x */
     TRY(be->gated_add(be, x, &mi[2], &t[AX], c->e));

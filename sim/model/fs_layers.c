@@ -527,6 +527,90 @@ out:
     return rc;
 }
 
+int fs_time_guidance(fs_layer_ctx *c, const char *name, const double *timestep, const double *guidance, fs_tensor *temb)
+{
+    const int B = c->B;
+    double t[64], g[64];
+    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, tc = {0}, gc = {0};
+    char nm[160];
+    int rc = FS_OK;
+    if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
+    /* gotcha 1: the transformer multiplies timestep AND guidance by 1000, in the model dtype */
+    for (int b = 0; b < B; b++) {
+        t[b] = fs_layer_embedded_scalar(c, timestep[b]);
+        if (guidance) g[b] = fs_layer_embedded_scalar(c, guidance[b]);
+    }
+    const fs_tensor *in;
+    TRY(fs_layer_time_proj(c, t, &tp));
+    TRY(REC(&tp, ST_REP, FS_TP_REPL, "%s.time_proj", name));
+    TRY(fs_layer_to_run_dtype(c, &tp, &tc, &in));
+    TRY(fs_mlp_embedder(c, in, fs_layer_name(nm, sizeof nm, "%s.timestep_embedder", name), "act", &te));
+    if (guidance) {
+        /* gotcha 3: the same time_proj module fires a second time */
+        TRY(fs_layer_time_proj(c, g, &gp));
+        TRY(REC(&gp, ST_REP, FS_TP_REPL, "%s.time_proj@1", name));
+        TRY(fs_layer_to_run_dtype(c, &gp, &gc, &in));
+        TRY(fs_mlp_embedder(c, in, fs_layer_name(nm, sizeof nm, "%s.guidance_embedder", name), "act", &ge));
+        TRY(fs_layer_new_like(c, temb, &te));
+        TRY(c->be->add(c->be, temb, &te, &ge, c->e));
+    } else {
+        *temb = te;
+        te = (fs_tensor){0};
+    }
+out:
+    fs_tensor_free(&tp);
+    fs_tensor_free(&te);
+    fs_tensor_free(&gp);
+    fs_tensor_free(&ge);
+    fs_tensor_free(&tc);
+    fs_tensor_free(&gc);
+    return rc;
+}
+
+int fs_joint_attention(fs_layer_ctx *c, const char *p, const fs_tensor *xm, const fs_tensor *cm, const fs_tensor *cos_t,
+                       const fs_tensor *sin_t, int add_out_first, fs_tensor *ax, fs_tensor *ac)
+{
+    enum { Q, K, V, CQ, CK, CV, NQ, NK, NCQ, NCK, JQ, JK, JV, O, OX, OC, NT };
+    fs_tensor t[NT] = {0};
+    fs_tp_split sq, sk, scq, sck;
+    char nm[160];
+    int rc;
+#define N(suffix) fs_layer_name(nm, sizeof nm, "%s." suffix, p)
+    TRY(fs_linear(c, xm, N("attn.to_q"), ST_IMG, &t[Q], &sq));
+    TRY(fs_linear(c, xm, N("attn.to_k"), ST_IMG, &t[K], &sk));
+    TRY(fs_linear(c, xm, N("attn.to_v"), ST_IMG, &t[V], NULL));
+    TRY(fs_linear(c, cm, N("attn.add_q_proj"), ST_TXT, &t[CQ], &scq));
+    TRY(fs_linear(c, cm, N("attn.add_k_proj"), ST_TXT, &t[CK], &sck));
+    TRY(fs_linear(c, cm, N("attn.add_v_proj"), ST_TXT, &t[CV], NULL));
+    TRY(fs_qk_norm(c, &t[Q], &sq, N("attn.norm_q"), ST_IMG, &t[NQ]));
+    TRY(fs_qk_norm(c, &t[K], &sk, N("attn.norm_k"), ST_IMG, &t[NK]));
+    TRY(fs_qk_norm(c, &t[CQ], &scq, N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
+    TRY(fs_qk_norm(c, &t[CK], &sck, N("attn.norm_added_k"), ST_TXT, &t[NCK]));
+    /* gotcha 4: joint sequence is text first; RoPE after the QK norm, on q and k only (gotcha 6) */
+    TRY(fs_cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
+    TRY(fs_cat_seq(c, &t[NCK], &t[NK], &t[JK]));
+    TRY(fs_cat_seq(c, &t[CV], &t[V], &t[JV]));
+    TRY(fs_rope_inplace(c, &t[JQ], cos_t, sin_t));
+    TRY(fs_rope_inplace(c, &t[JK], cos_t, sin_t));
+    TRY(fs_sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
+    TRY(fs_slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
+    TRY(fs_slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
+    if (add_out_first) TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, ac, NULL));
+    TRY(fs_linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, ax, NULL));
+    TRY(REC(ax, ST_IMG, FS_TP_REPL, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
+    if (!add_out_first) TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, ac, NULL));
+    TRY(REC(ax, ST_IMG, FS_TP_REPL, "%s.attn#0", p)); /* gotcha 5: attn returns (image, text) */
+    TRY(REC(ac, ST_TXT, FS_TP_REPL, "%s.attn#1", p));
+#undef N
+out:
+    fs_layer_free_all(t, NT);
+    if (rc) {
+        fs_tensor_free(ax);
+        fs_tensor_free(ac);
+    }
+    return rc;
+}
+
 /* Flux2SwiGLU (`name` = its path, e.g. "transformer_blocks.0.ff.act_fn"): x [B,S,2·Fl] is this
  * rank's [gate | up] (linear_in's packed columns keep the halves rank by rank), y = silu(gate)·up
  * [B,S,Fl]. Records gate_fn (the SiLU submodule) and the module. `sp`: the producing Linear's
