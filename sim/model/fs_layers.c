@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Every LayerNorm in FLUX has no affine and eps 1e-6, the QK RMSNorm too (FluxAttention's default
@@ -636,6 +637,65 @@ out:
 }
 
 /* SDPA over the joint sequence: q, k, v [B,S,D] viewed as [B,S,H,Dh] (head-major columns). */
+/* FLUX.2's KV-cache attention (_flux2_kv_causal_attention in transformer_flux2.py), q, k, v
+ * [B, S, Hl, Dh] of the joint sequence, text first. Extract: the sequence is [text, R reference,
+ * image]; the reference tokens' K, V are stored in the block's cache slot, text and image
+ * queries attend to every key, reference queries to the reference keys only, and the outputs
+ * go back in sequence order. Cached: the sequence is [text, image] and the keys and values are
+ * [text, cached reference, image]. Each query's softmax runs over the same keys in the same
+ * order as diffusers' calls: the rows are the ones torch computes. One rank or TP only: the
+ * caller refuses sequence parallelism. */
+static int kv_attention(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v)
+{
+    fs_kv_cache *kv = c->m->kv;
+    enum { QT, QI, QTI, KA, VA, OTI, QR, KR, VR, OR, OT, OI, NT };
+    fs_tensor t[NT] = {0};
+    const double scale = 1.0 / sqrt((double)c->Dh);
+    const int64_t St = c->S_txt, R = kv->R, S = q->shape[1];
+    int rc = FS_OK;
+    if (c->par && c->par->sp > 1)
+        return fs_errf(c->e, FS_E_INPUT, "the FLUX.2 KV cache runs on one rank or under TP, not sequence parallelism");
+    if (c->kv_layer >= kv->n) return fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d of %d", c->kv_layer, kv->n);
+    fs_tensor *ck = &kv->k[c->kv_layer], *cv = &kv->v[c->kv_layer];
+    if (kv->mode == FS_KV_EXTRACT) {
+        fs_tensor_free(ck);
+        fs_tensor_free(cv);
+        TRY(fs_slice_seq(c, k, St, R, ck)); /* key[:, ref_start:ref_end].clone(), after RoPE */
+        TRY(fs_slice_seq(c, v, St, R, cv));
+        TRY(fs_slice_seq(c, q, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, q, St + R, S - St - R, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], &t[QI], &t[QTI]));
+        TRY(fs_layer_new_like(c, &t[OTI], &t[QTI]));
+        TRY(c->be->attention(c->be, &t[OTI], NULL, &t[QTI], k, v, scale, c->e));
+        TRY(fs_slice_seq(c, q, St, R, &t[QR]));
+        TRY(fs_layer_new_like(c, &t[OR], &t[QR]));
+        TRY(c->be->attention(c->be, &t[OR], NULL, &t[QR], ck, cv, scale, c->e));
+        /* torch.cat([attn_txt, attn_ref, attn_img], dim=1) */
+        const size_t es = fs_dtype_size(c->dt);
+        const int64_t W = fs_tensor_numel(q) / (q->shape[0] * S), B = q->shape[0];
+        TRY(fs_layer_copy2d(c, o->data, S * W, t[OTI].data, (S - R) * W, B, St * W));
+        TRY(fs_layer_copy2d(c, (char *)o->data + (size_t)(St * W) * es, S * W, t[OR].data, R * W, B, R * W));
+        TRY(fs_layer_copy2d(c, (char *)o->data + (size_t)((St + R) * W) * es, S * W,
+                            (const char *)t[OTI].data + (size_t)(St * W) * es, (S - R) * W, B, (S - St - R) * W));
+    } else {
+        if (!ck->data) TRY(fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d used before it was extracted", c->kv_layer));
+        /* torch.cat([key[:, :num_txt], k_ref, key[:, num_txt:]], dim=1), the same for value */
+        TRY(fs_slice_seq(c, k, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, k, St, S - St, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], ck, &t[QTI]));
+        TRY(fs_cat_seq(c, &t[QTI], &t[QI], &t[KA]));
+        fs_layer_free_all(t, 3);
+        TRY(fs_slice_seq(c, v, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, v, St, S - St, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], cv, &t[QTI]));
+        TRY(fs_cat_seq(c, &t[QTI], &t[QI], &t[VA]));
+        TRY(c->be->attention(c->be, o, NULL, q, &t[KA], &t[VA], scale, c->e));
+    }
+out:
+    fs_layer_free_all(t, NT);
+    return rc;
+}
+
 int fs_sdpa(fs_layer_ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, fs_tensor *o)
 {
     /* q, k may be [B,S,Hl,Dh] (after the QK norm) and v [B,S,Hl·Dh]: compare features per token */
@@ -650,6 +710,11 @@ int fs_sdpa(fs_layer_ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_te
     if (rc) return rc;
     fs_tensor q4 = fs_tensor_reshape(q, 4, s4), k4 = fs_tensor_reshape(k, 4, s4), v4 = fs_tensor_reshape(v, 4, s4);
     fs_tensor o4 = fs_tensor_reshape(o, 4, s4);
+    if (c->m->kv && c->m->kv->mode != FS_KV_OFF && c->kv_layer >= 0) {
+        rc = kv_attention(c, &o4, &q4, &k4, &v4);
+        if (rc) fs_tensor_free(o);
+        return rc;
+    }
     if (c->par && c->par->sp > 1) return fs_seqpar_attention(c->par, c->be, &o4, &q4, &k4, &v4, c->e);
     return c->be->attention(c->be, &o4, NULL, &q4, &k4, &v4, 1.0 / sqrt((double)c->Dh), c->e);
 }
@@ -704,3 +769,29 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     return fs_flux1_forward(m, hidden_states, encoder_hidden_states, pooled, timestep, guidance, img_ids, txt_ids, out, e);
 }
 
+
+/* ---------------------------------------------------------------- FLUX.2 KV cache */
+
+int fs_kv_cache_init(fs_kv_cache *kv, const fs_config *c, int R, fs_err *e)
+{
+    memset(kv, 0, sizeof *kv);
+    kv->R = R;
+    kv->n = c->num_layers + c->num_single_layers;
+    kv->k = calloc((size_t)(kv->n ? kv->n : 1), sizeof *kv->k);
+    kv->v = calloc((size_t)(kv->n ? kv->n : 1), sizeof *kv->v);
+    if (!kv->k || !kv->v) {
+        fs_kv_cache_free(kv);
+        return fs_errf(e, FS_E_NOMEM, "out of memory for the KV cache");
+    }
+    return FS_OK;
+}
+
+void fs_kv_cache_free(fs_kv_cache *kv)
+{
+    if (!kv) return;
+    for (int i = 0; i < kv->n && kv->k; i++) fs_tensor_free(&kv->k[i]);
+    for (int i = 0; i < kv->n && kv->v; i++) fs_tensor_free(&kv->v[i]);
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}

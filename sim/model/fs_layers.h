@@ -29,6 +29,8 @@ typedef struct fs_layer_ctx {
     int B, S_img, S_txt, S, D, H, Dh; /* S_* are this rank's LOCAL token counts */
     int tp, tp_rank;
     fs_weights blk; /* streaming: the current block's parameters, in be's memory */
+    int kv_layer;   /* m->kv on: the cache slot of the block being computed (fs_sdpa); -1 none */
+    int R;          /* reference tokens in this call's image stream (kv extract), else 0 */
     char blk_prefix[64];
     fs_err *e;
 } fs_layer_ctx;

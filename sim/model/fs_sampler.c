@@ -61,6 +61,15 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
         if (c->family == FS_FLUX2)
             for (int l = 0; l < Sn; l++) ((double *)in->negative_txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     }
+    if (p->ref_h > 0 && p->ref_w > 0) { /* one reference image: t = scale + scale·0 = 10 */
+        if ((rc = fs_inputs_alloc_ref(in, c, dt, p->ref_h * p->ref_w, e))) goto fail;
+        fill_normal(&in->image_latents, p->seed, "inputs.image_latents");
+        for (int r = 0; r < p->ref_h; r++)
+            for (int col = 0; col < p->ref_w; col++) {
+                double *id = (double *)in->image_latent_ids.data + (size_t)(r * p->ref_w + col) * nax;
+                id[0] = 10, id[1] = r, id[2] = col;
+            }
+    }
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;
 fail:
@@ -448,6 +457,8 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     const int split = p && p->sp > 1;
     fs_backend *be = m->be;
     fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0}, nehs = {0}, npooled = {0}, ntid = {0};
+    fs_tensor rlat = {0}, rid = {0}; /* KV cache: the reference latents and [reference; image] ids */
+    fs_kv_cache kv = {0};
     cfg_names names = {.inner = m->rec};
     cfg_buffer kept = {0};
     const int cfg = in->true_cfg_scale > 0;
@@ -490,6 +501,22 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
                   (rc = fs_tensor_upload(&npooled, &in->negative_pooled_projections, e)))) ||
                 (rc = slice_ids(&in->negative_txt_ids, txt_local ? 0 : nlo, (txt_local ? 0 : nlo) + (nhi - nlo), &ntid, e))))
         goto out;
+    /* FLUX.2 reference images (Flux2KleinKVPipeline): step 0 extracts the KV cache from
+     * [reference; noise], the later steps use it */
+    if (in->S_ref > 0) {
+        if (m->cfg.family != FS_FLUX2 || split || cfg) {
+            rc = fs_errf(e, FS_E_INPUT, "reference images (the KV cache) run on FLUX.2, on one rank or under TP, without "
+                                        "true CFG");
+            goto out;
+        }
+        const int64_t A = in->img_ids.shape[1];
+        if ((rc = upload_tokens(be, m->dtype, &in->image_latents, 0, in->S_ref, &rlat, e)) ||
+            (rc = fs_tensor_alloc2(&rid, FS_F64, in->S_ref + in->S_img, A, e)) ||
+            (rc = fs_kv_cache_init(&kv, &m->cfg, in->S_ref, e)))
+            goto out;
+        memcpy(rid.data, in->image_latent_ids.data, (size_t)(in->S_ref * A) * sizeof(double));
+        memcpy((double *)rid.data + in->S_ref * A, iid.data, (size_t)(in->S_img * A) * sizeof(double));
+    }
     if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
@@ -510,7 +537,23 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
             ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
         }
         const double *g = in->has_guidance ? in->guidance.data : NULL;
-        if (cfgpar)
+        if (in->S_ref > 0) { /* torch.cat([image_latents, latents], dim=1) at step 0 */
+            fs_tensor hs = {0};
+            kv.mode = i == 0 ? FS_KV_EXTRACT : FS_KV_CACHED;
+            ms.kv = &kv;
+            if (i == 0) {
+                const int64_t B = lat.shape[0], C = lat.shape[2], R = in->S_ref, S = lat.shape[1];
+                const size_t es = fs_dtype_size(m->dtype);
+                if (!(rc = fs_tensor_alloc_on(&hs, be, m->dtype, 3, (int64_t[]){B, R + S, C}, e)) &&
+                    !(rc = be->copy2d(be, hs.data, (size_t)((R + S) * C) * es, rlat.data, (size_t)(R * C) * es,
+                                      (size_t)(R * C) * es, (size_t)B, e)) &&
+                    !(rc = be->copy2d(be, (char *)hs.data + (size_t)(R * C) * es, (size_t)((R + S) * C) * es, lat.data,
+                                      (size_t)(S * C) * es, (size_t)(S * C) * es, (size_t)B, e)))
+                    rc = fs_model_forward(&ms, &hs, &ehs, &pooled, ts, g, &rid, &tid, &v, e);
+                fs_tensor_free(&hs);
+            } else
+                rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
+        } else if (cfgpar)
             rc = cfg_parallel_step(&ms, p, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names,
                                    &kept, &v, e);
         else if (cfgbat)
@@ -547,6 +590,9 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
 out:
     cfg_buffer_clear(&kept);
     free(kept.v);
+    fs_kv_cache_free(&kv);
+    fs_tensor_free(&rlat);
+    fs_tensor_free(&rid);
     free(ts);
     free(names.base);
     free(names.calls);
@@ -578,17 +624,19 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
                         const fs_inject *inj, fs_err *e)
 {
     if (g->size == 1) return FS_OK;
-    int hdr[6] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance, in->S_neg};
+    int hdr[7] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance, in->S_neg, in->S_ref};
     double scale = in->true_cfg_scale;
     fs_bcast(g, root, hdr, sizeof hdr);
     fs_bcast(g, root, &scale, sizeof scale);
     int rc = FS_OK;
     if (g->rank != root && ((rc = fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e)) ||
-                            (scale > 0 && (rc = fs_inputs_alloc_negative(in, c, dt, hdr[5], scale, e)))))
+                            (scale > 0 && (rc = fs_inputs_alloc_negative(in, c, dt, hdr[5], scale, e))) ||
+                            (hdr[6] > 0 && (rc = fs_inputs_alloc_ref(in, c, dt, hdr[6], e)))))
         return rc; /* the root is already inside the broadcasts: the CLI ends the job */
     fs_tensor *all[] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &in->img_ids,
                         &in->txt_ids, &in->sigmas, &in->negative_encoder_hidden_states,
-                        &in->negative_pooled_projections, &in->negative_txt_ids};
+                        &in->negative_pooled_projections, &in->negative_txt_ids, &in->image_latents,
+                        &in->image_latent_ids};
     for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++)
         if (all[i]->ndim) rc = fs_bcast_t(g, root, all[i], e); /* FLUX.2: no pooled vector */
     if (!rc) rc = fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->timesteps, e)
