@@ -110,6 +110,17 @@ refused "--ulysses 2" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" -
 refused "--ring 2" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ring 2
 refused "--true-cfg-scale with --ref-grid" 1 --config flux2-tiny --grid 2x2 --txt-len 3 --ref-grid 2x2 --true-cfg-scale 2
 refused "FLUX.1 with --ref-grid" 1 --config tiny --grid 2x2 --txt-len 3 --ref-grid 2x2
+# --dump-modules: the reference embedding's calls are names of a run with reference images only
+"$SIM" --config flux2-tiny --grid 2x2 --txt-len 3 --ref-grid 1x2 --steps 2 --dump "$T/sel.h5" \
+  --dump-modules 'time_guidance_embed@1,single_stream_modulation@1' -q </dev/null >"$T/sel.log" 2>&1; rc=$?
+n=$("$PY" -c "import h5py; f = h5py.File('$T/sel.h5'); print(len(f['step_0000'].attrs['order']), len(f['step_0001'].attrs['order']))" 2>&1)
+[ $rc -eq 0 ] && [ "$n" = "4 2" ] && ok "--dump-modules of the reference embedding's calls: step 0 records them, step 1 only the latents" ||
+  bad "--dump-modules time_guidance_embed@1 with --ref-grid: rc $rc, $n, $(tail -1 "$T/sel.log")"
+"$SIM" --config flux2-tiny --grid 2x2 --txt-len 3 --steps 1 --dump "$T/sel2.h5" --dump-modules 'time_guidance_embed@1' -q \
+  </dev/null >"$T/sel2.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "matches no module" "$T/sel2.log" && [ ! -e "$T/sel2.h5" ] &&
+  ok "the same selection without reference images: refused up front" || bad "time_guidance_embed@1 without --ref-grid: rc $rc"
+
 # 6. a damaged /inputs: latents without ids, ids of the wrong length — exit 2, one line naming them
 cp "$T/in.h5" "$T/bad1.h5"; cp "$T/in.h5" "$T/bad2.h5"
 "$PY" -c "

@@ -49,17 +49,17 @@ static void shrink(fs_config *c)
 }
 
 /* One step of a real run of cfg records exactly fs_record_names' list. Returns the list's length. */
-static int check_agrees(const char *label, const fs_config *cfg, double true_cfg)
+static int check_agrees(const char *label, const fs_config *cfg, double true_cfg, int ref)
 {
     fs_err e = {0};
     fs_names l;
     int known = 0;
-    assert_int_equal(fs_record_names(cfg, true_cfg > 0, &l, &known, &e), 0);
+    assert_int_equal(fs_record_names(cfg, fs_names_flags(true_cfg > 0, ref), &l, &known, &e), 0);
     assert_true(known);
     fs_weights w;
     if (fs_weights_synthetic(&w, cfg, FS_F32, 0, &e)) fail_msg("%s: %s", label, e.msg);
     fs_gen_params gp = {.seed = 1, .batch = 1, .grid_h = 2, .grid_w = 2, .txt_len = 3, .steps = 1, .guidance = 3.5,
-                        .true_cfg_scale = true_cfg};
+                        .true_cfg_scale = true_cfg, .ref_h = ref ? 2 : 0, .ref_w = ref ? 3 : 0};
     assert_int_equal(fs_sched_preset(&gp.sched, "dev", NULL), 0);
     fs_inputs in;
     if (fs_inputs_generate(&in, cfg, FS_F32, &gp, &e)) fail_msg("%s: %s", label, e.msg);
@@ -75,8 +75,8 @@ static int check_agrees(const char *label, const fs_config *cfg, double true_cfg
         fail_msg("%s: the names list and the run differ at record %d: listed '%s', recorded '%s' (%d listed, %d "
                  "recorded)",
                  label, first, first < l.n ? l.v[first] : "(end)", first < s.n ? s.v[first] : "(end)", l.n, s.n);
-    printf("  [%s%s] %d names (%d double + %d single blocks, guidance %d): the list = the run\n", label,
-           true_cfg > 0 ? ", true CFG" : "", l.n, cfg->num_layers, cfg->num_single_layers, cfg->guidance_embeds);
+    printf("  [%s%s%s] %d names (%d double + %d single blocks, guidance %d): the list = the run\n", label,
+           true_cfg > 0 ? ", true CFG" : "", ref ? ", reference image (KV cache, step 0)" : "", l.n, cfg->num_layers, cfg->num_single_layers, cfg->guidance_embeds);
     int n = l.n;
     for (int i = 0; i < s.n; i++) free(s.v[i]);
     free(s.v);
@@ -101,8 +101,9 @@ static void test_names_agree_with_runs(void **state)
         fs_names_free(&l);
         assert_true(known); /* every family has its list */
         shrink(&c);
-        check_agrees(*p, &c, 0);
-        check_agrees(*p, &c, 3.0); /* a second, negative-prompt call per step, renamed name@k */
+        check_agrees(*p, &c, 0, 0);
+        check_agrees(*p, &c, 3.0, 0); /* a second, negative-prompt call per step, renamed name@k */
+        if (c.family == FS_FLUX2) check_agrees(*p, &c, 0, 1); /* step 0 of the KV cache */
         checked++;
     }
     assert_true(checked >= 8); /* default, flux-dev, flux-schnell, flux2-dev, flux2-klein-4b/9b, ... */
@@ -117,10 +118,10 @@ static void test_names_agree_with_runs(void **state)
             c.guidance_embeds = g;
             c.num_layers = 0, c.num_single_layers = 2;
             snprintf(label, sizeof label, "%s: no double blocks, %s", fam[f], g ? "guidance" : "no guidance");
-            check_agrees(label, &c, 0);
+            check_agrees(label, &c, 0, f == 1);
             c.num_layers = 3, c.num_single_layers = 0;
             snprintf(label, sizeof label, "%s: no single blocks, %s", fam[f], g ? "guidance" : "no guidance");
-            check_agrees(label, &c, 0);
+            check_agrees(label, &c, 0, f == 1);
         }
     }
 }
@@ -187,7 +188,12 @@ static void test_check_model(void **state)
         fs_select s;
         assert_int_equal(fs_select_parse(&s, "pos_embed@3#1", NULL, &e), 0); /* the negative call's text ids */
         assert_int_equal(fs_select_check_model(&s, &c, 0, &e), FS_E_INPUT);
-        assert_int_equal(fs_select_check_model(&s, &c, 1, &e), 0);
+        assert_int_equal(fs_select_check_model(&s, &c, FS_NAMES_TRUE_CFG, &e), 0);
+        fs_select_free(&s);
+        /* the reference embedding's calls (KV cache) match only with reference images */
+        assert_int_equal(fs_select_parse(&s, "time_guidance_embed@1,single_stream_modulation.linear@1", NULL, &e), 0);
+        assert_int_equal(fs_select_check_model(&s, &c, 0, &e), FS_E_INPUT);
+        assert_int_equal(fs_select_check_model(&s, &c, FS_NAMES_REF, &e), 0);
         fs_select_free(&s);
     }
     /* no globs: nothing to check */

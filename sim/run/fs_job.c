@@ -280,7 +280,9 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
         }
     } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
     if (!rc) /* the run would refuse it up front too */
-        rc = fs_select_check_model(&sel, &cfg, o->inputs ? in.true_cfg_scale > 0 : o->gen.true_cfg_scale > 0, e);
+        rc = fs_select_check_model(&sel, &cfg,
+                                   o->inputs ? fs_names_flags(in.true_cfg_scale > 0, in.S_ref > 0)
+                                             : fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e);
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
     if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
     tp = tp ? tp : 1;
@@ -391,12 +393,13 @@ static int configure_inputs(fs_job *j, fs_err *e)
             }
             if (!rc && *what && memcmp(&want, &j->cfg, sizeof j->cfg))
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
-            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, j->in.true_cfg_scale > 0, e);
+            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, fs_names_flags(j->in.true_cfg_scale > 0, j->in.S_ref > 0), e);
             if (!rc)
                 rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, &j->sel, world->size, ranks_here, e);
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
                    /* --dump-modules that selects nothing of this model: refused before any work */
-                   !(rc = fs_select_check_model(&j->sel, &j->cfg, o->gen.true_cfg_scale > 0, e)) &&
+                   !(rc = fs_select_check_model(&j->sel, &j->cfg,
+                                                fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
                                             o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {

@@ -225,7 +225,7 @@ static int flux2_ff(fs_names *l, const char *p)
     return FS_OK;
 }
 
-static int flux2_names(const fs_config *c, fs_names *l)
+static int flux2_names(const fs_config *c, int ref, fs_names *l)
 {
     int rc;
     char p[64], q[96];
@@ -242,6 +242,23 @@ static int flux2_names(const fs_config *c, fs_names *l)
         NAME("%s.act_fn", mods[k]);
         NAME("%s.linear", mods[k]);
         NAME("%s", mods[k]);
+    }
+    if (ref) { /* the reference tokens' embedding (fs_flux2.c: ref_record): each module's next call */
+        const int tp = c->guidance_embeds ? 2 : 1;
+        NAME("time_guidance_embed.time_proj@%d", tp);
+        for (const char *const *q = (const char *const[]){"linear_1", "act", "linear_2", "", NULL}; *q; q++)
+            NAME("time_guidance_embed.timestep_embedder%s%s@1", **q ? "." : "", *q);
+        if (c->guidance_embeds) {
+            NAME("time_guidance_embed.time_proj@3");
+            for (const char *const *q = (const char *const[]){"linear_1", "act", "linear_2", "", NULL}; *q; q++)
+                NAME("time_guidance_embed.guidance_embedder%s%s@1", **q ? "." : "", *q);
+        }
+        NAME("time_guidance_embed@1");
+        for (int k = 0; k < 3; k += 2) { /* the image and single-stream modulations */
+            NAME("%s.act_fn@1", mods[k]);
+            NAME("%s.linear@1", mods[k]);
+            NAME("%s@1", mods[k]);
+        }
     }
     NAME("x_embedder");
     NAME("context_embedder");
@@ -287,11 +304,13 @@ static int flux2_names(const fs_config *c, fs_names *l)
 }
 
 /* One entry per model family with a names list, by diffusers class name. */
+/* FLUX.1 has no reference images (the run refuses them, naming why): its names either way */
+static int flux1_names_f(const fs_config *c, int ref, fs_names *l) { return flux1_names(c, l); }
 static const struct {
     const char *class_name;
-    int (*names)(const fs_config *, fs_names *);
+    int (*names)(const fs_config *, int ref, fs_names *);
 } families[] = {
-    {"FluxTransformer2DModel", flux1_names},
+    {"FluxTransformer2DModel", flux1_names_f},
     {"Flux2Transformer2DModel", flux2_names},
 };
 
@@ -323,7 +342,7 @@ static int negative_call_names(fs_names *l, int from)
     return FS_OK;
 }
 
-int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *known, fs_err *e)
+int fs_record_names(const fs_config *cfg, int flags, fs_names *out, int *known, fs_err *e)
 {
     memset(out, 0, sizeof *out);
     *known = 0;
@@ -334,14 +353,16 @@ int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *know
     free(js);
     if (!root) return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
-    int (*fn)(const fs_config *, fs_names *) = NULL;
+    int (*fn)(const fs_config *, int, fs_names *) = NULL;
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
         if (cJSON_IsString(cn) && !strcmp(cn->valuestring, families[i].class_name)) fn = families[i].names;
     cJSON_Delete(root);
     if (!fn) return FS_OK;
     int rc;
     fs_names *l = out;
-    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, l)) || (true_cfg && (rc = negative_call_names(l, 1))) ||
+    const int true_cfg = flags & FS_NAMES_TRUE_CFG;
+    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, !!(flags & FS_NAMES_REF), l)) ||
+        (true_cfg && (rc = negative_call_names(l, 1))) ||
         (rc = name(l, "latents_out"))) {
         fs_names_free(out);
         return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
@@ -351,11 +372,11 @@ int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *know
 }
 #undef NAME
 
-int fs_select_check_model(const fs_select *s, const fs_config *cfg, int true_cfg, fs_err *e)
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, int flags, fs_err *e)
 {
     if (!s || !s->modules.n) return FS_OK;
     fs_names l;
-    int known, rc = fs_record_names(cfg, true_cfg, &l, &known, e);
+    int known, rc = fs_record_names(cfg, flags, &l, &known, e);
     if (rc || !known) return rc;
     int hit = 0;
     for (int i = 0; i < l.n && !hit; i++)

@@ -50,14 +50,19 @@ typedef struct fs_names {
     char **v;
     int n, cap;
 } fs_names;
-/* true_cfg: the run makes a second, negative-prompt call per step (true CFG), whose records are
- * renamed name@k as fs_sampler.c does. */
-int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *known, fs_err *e);
+/* flags: FS_NAMES_TRUE_CFG: the run makes a second, negative-prompt call per step (true CFG),
+ * whose records are renamed name@k as fs_sampler.c does; FS_NAMES_REF: FLUX.2 reference images
+ * (the KV cache): step 0 also records the reference time embedding's calls (time_guidance_embed@1,
+ * double_stream_modulation_img@1, single_stream_modulation@1 and their children), the list is
+ * step 0's (a superset of the later steps'). */
+enum { FS_NAMES_TRUE_CFG = 1, FS_NAMES_REF = 2 };
+static inline int fs_names_flags(int true_cfg, int ref) { return (true_cfg ? FS_NAMES_TRUE_CFG : 0) | (ref ? FS_NAMES_REF : 0); }
+int fs_record_names(const fs_config *cfg, int flags, fs_names *out, int *known, fs_err *e);
 void fs_names_free(fs_names *l); /* leaves {0} */
 /* Up-front refusal of --dump-modules globs that match no module `cfg` records (FS_E_INPUT, one
  * line naming the globs), before any input, weight or dump is made. FS_OK when there are no globs
  * or the family has no list (then the filter's end of the first recorded step still refuses). */
-int fs_select_check_model(const fs_select *s, const fs_config *cfg, int true_cfg, fs_err *e);
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, int flags, fs_err *e);
 
 /* A recorder + step hooks that pass on only the selected records to `rec` / `hooks`. The filter
  * keeps the current step; it must outlive the run it records. */
