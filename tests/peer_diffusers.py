@@ -3,6 +3,7 @@
 (tests/peer_diffusers.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
 
     peer_diffusers.py FAMILY REFDIR OUT [--steps N] [--cp ring|ulysses] [--bug timestep-rank1]
+                      [--kv] [--fp64 | --bf16] [--inputs FILE]
 
 FAMILY flux1 | flux2: diffusers' FluxTransformer2DModel | Flux2Transformer2DModel, built from
 REFDIR/config.json and loaded from REFDIR/weights.safetensors (strict), fp32, with the inputs of
@@ -24,6 +25,13 @@ computed (docs/peers.md):
   3. ... whose forward op calls aten::_scaled_dot_product_flash_attention, which has no CPU kernel:
      it is routed to aten::_scaled_dot_product_flash_attention_for_cpu, the same attention on the
      CPU (its LSE [B, H, S], as the CUDA kernel's).
+--kv: FLUX.2 reference images through the KV cache, as Flux2KleinKVPipeline runs them (its
+_set_kv_attn_processors, step 0 kv_cache_mode="extract" on cat([image_latents, latents]) and
+cat([image_latent_ids, img_ids]), later steps "cached" with the returned Flux2KVCache); the
+reference latents and ids from the inputs' /inputs/image_latents, image_latent_ids.
+--fp64 / --bf16: the model and the loop in float64 (the float32 islands promoted as the reference's
+float64 dumps do, the Euler step in float64) / bfloat16 (torch's CPU kernels). --inputs FILE: the
+/inputs of FILE instead of REFDIR/dump_fp32.h5.
 --bug timestep-rank1: seed 000's broadcast into a temporary: rank 1's transformer embeds timestep 0
 (its time embedding module's forward wrapped at run time; diffusers is not edited).
 """
