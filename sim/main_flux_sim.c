@@ -66,7 +66,7 @@ static void usage(FILE *f)
             "  --neg-txt-len N       tokens of the negative prompt [--txt-len]\n"
             "  --ref-grid HxW        FLUX.2: a reference image of HxW tokens through the KV cache\n"
             "                        (Flux2KleinKVPipeline: step 0 kv_cache_mode extract on [reference;\n"
-            "                        noise], later steps cached); one rank or --tp [none]\n"
+            "                        noise], later steps cached); one rank, --tp or --ulysses [none]\n"
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"

@@ -14,8 +14,10 @@
 #   4. the names: step 0 records the reference embedding's second calls (time_guidance_embed@1,
 #      time_proj@2/@3, double_stream_modulation_img@1, single_stream_modulation@1) as diffusers'
 #      hooks do, step 1 none of them;
-#   5. layouts: --tp 2 and --tp 4 --check OK at fp64 1e-13 and their dumps equal the single-rank
-#      one; --ulysses 2, --ring 2, true CFG and FLUX.1 refused up front (exit 2, one line).
+#   5. layouts: --tp 2, --tp 4, --ulysses 2, --tp 2 x --ulysses 2 and an uneven --ulysses 2 --check
+#      OK at fp64 1e-13 and their global dumps equal the single-rank one; fp32 and bf16 --ulysses 2
+#      --check OK; --ring 2, --dump-per-rank under Ulysses, true CFG and FLUX.1 refused up front
+#      (exit 2, one line), and a Ulysses degree that leaves rank 0 only reference tokens.
 # Without the peer venv parts 1-4 are SKIPPED loudly; part 5 runs.
 . "$(dirname "$0")/lib.sh"
 VENV=${FLUX_PEER_VENV:-.venv-peer}
@@ -91,12 +93,25 @@ fi
 # 5. layouts
 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/in.h5" --precision fp64 --dump "$T/one.h5" -q </dev/null >"$T/one.log" 2>&1 ||
   bad "single-rank fp64 KV run: $(tail -1 "$T/one.log")"
-for np in 2 4; do
-  out=$(timeout 300 mpirun -np $np "$SIM" --weights "$T/weights.safetensors" --inputs "$T/in.h5" --precision fp64 --tp $np \
-        --check --rtol 1e-13 --rtol-max 1e-12 --dump "$T/tp$np.h5" </dev/null 2>&1)
-  if grep -q "flux-sim --check: OK" <<<"$out" && d=$("$ORACLE" diff "$T/tp$np.h5" "$T/one.h5" --rtol 1e-13 --mtol 1e-12 -q 2>&1) &&
-     grep -q '^PASS' <<<"$d"; then ok "--tp $np with the KV cache: $(grep -o 'worst relative L2 [0-9.e+-]*' <<<"$out"); global dump = one rank's: $d"
-  else bad "--tp $np KV: $(grep -E 'OK|DIVERG|error' <<<"$out" | head -2) ${d:-}"; fi
+# an uneven split too: 3x3 image + 2x2 reference = 13 image-stream tokens at step 0, 9 later, 5 text
+"$SIM" --weights "$T/weights.safetensors" --config "$T/config.json" --grid 3x3 --txt-len 5 --ref-grid 2x2 --steps 2 \
+  --dump "$T/odd.h5" -q </dev/null >"$T/odd.log" 2>&1 || bad "uneven inputs: $(tail -1 "$T/odd.log")"
+"$SIM" --weights "$T/weights.safetensors" --inputs "$T/odd.h5" --precision fp64 --dump "$T/odd1.h5" -q </dev/null >/dev/null 2>&1
+for L in "2|--tp 2|in|one" "4|--tp 4|in|one" "2|--ulysses 2|in|one" "4|--tp 2 --ulysses 2|in|one" "2|--ulysses 2|odd|odd1" \
+         "3|--tp 1 --ulysses 1 --ring 1 --tp 1|skip|skip"; do
+  IFS='|' read -r np lay inp one <<<"$L"; [ "$inp" = skip ] && continue
+  out=$(timeout 300 mpirun -np $np "$SIM" --weights "$T/weights.safetensors" --inputs "$T/$inp.h5" --precision fp64 $lay \
+        --check --rtol 1e-13 --rtol-max 1e-12 --dump "$T/par.h5" </dev/null 2>&1)
+  if grep -q "flux-sim --check: OK" <<<"$out" && d=$("$ORACLE" diff "$T/par.h5" "$T/$one.h5" --rtol 1e-13 --mtol 1e-12 -q 2>&1) &&
+     grep -q '^PASS' <<<"$d"; then ok "$lay with the KV cache ($inp): $(grep -o 'worst relative L2 [0-9.e+-]*' <<<"$out"); global dump = one rank's: $d"
+  else bad "$lay KV ($inp): $(grep -E 'OK|DIVERG|error' <<<"$out" | head -2) ${d:-}"; fi
+  rm -f "$T/par.h5"
+done
+# fp32 and bf16 under Ulysses at their default --check tolerances
+for prec in fp32 bf16; do
+  out=$(timeout 300 mpirun -np 2 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/in.h5" --precision $prec --ulysses 2 --check </dev/null 2>&1)
+  grep -q "flux-sim --check: OK" <<<"$out" && ok "$prec --ulysses 2 with the KV cache: $(grep -o 'worst relative L2 [0-9.e+-]*' <<<"$out")" ||
+    bad "$prec --ulysses 2 KV: $(grep -E 'DIVERG|error' <<<"$out" | head -2)"
 done
 refused() { # refused NAME NP ARGS...: exit 2, one flux-sim line naming the KV cache
   local name=$1 np=$2; shift 2
@@ -106,8 +121,11 @@ refused() { # refused NAME NP ARGS...: exit 2, one flux-sim line naming the KV c
     ok "$name refused: $(grep -m1 '^flux-sim' "$T/r.err" | cut -c1-160)"
   else bad "$name: rc $rc: $(head -3 "$T/r.err")"; fi
 }
-refused "--ulysses 2" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ulysses 2
 refused "--ring 2" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ring 2
+refused "--dump-per-rank under --ulysses 2" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ulysses 2 --dump-per-rank "$T/pr"
+timeout 120 mpirun -np 4 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ulysses 4 -q </dev/null >"$T/r.out" 2>&1; rc=$?
+[ $rc -ne 0 ] && grep -q "rank 0 would hold only reference tokens" "$T/r.out" && ok "--ulysses 4 with rank 0 all reference: refused" ||
+  bad "--ulysses 4, 6 reference + 12 image tokens: rc $rc $(head -2 "$T/r.out")"
 refused "--true-cfg-scale with --ref-grid" 1 --config flux2-tiny --grid 2x2 --txt-len 3 --ref-grid 2x2 --true-cfg-scale 2
 refused "FLUX.1 with --ref-grid" 1 --config tiny --grid 2x2 --txt-len 3 --ref-grid 2x2
 # --dump-modules: the reference embedding's calls are names of a run with reference images only

@@ -340,7 +340,12 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
 
     /* the KV cache: extract (step 0: the first R image tokens are the reference's) or cached */
     fs_kv_cache *kv = m->kv && m->kv->mode != FS_KV_OFF ? m->kv : NULL;
-    c->R = kv && kv->mode == FS_KV_EXTRACT ? kv->R : 0;
+    const int extract = kv && kv->mode == FS_KV_EXTRACT;
+    c->R = extract ? kv->R : 0;
+    if (extract && m->par && m->par->sp > 1) { /* this rank's reference tokens: the first of its image stream */
+        const int64_t lo = m->par->img_lo[m->par->sp_rank], r = kv->R - lo;
+        c->R = r < 0 ? 0 : (int)r;
+    }
     c->kv_layer = -1;
     if (c->R >= c->S_img)
         return fs_errf(e, FS_E_INTERNAL, "kv extract: %d image tokens, %d of them reference", c->S_img, c->R);
@@ -355,7 +360,7 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     TRY(modulation(c, "double_stream_modulation_img", &t[TEMB], 2, mi));
     TRY(modulation(c, "double_stream_modulation_txt", &t[TEMB], 2, mt));
     TRY(modulation(c, "single_stream_modulation", &t[TEMB], 1, ms));
-    if (c->R) {
+    if (extract) { /* on every rank, whether or not it holds reference tokens (the records are collective) */
         /* the reference tokens' modulation: time_guidance_embed(full_like(timestep, 0), guidance)
          * (ref_fixed_timestep 0, as Flux2KleinKVPipeline calls it), its image and single-stream
          * modulations; recorded as those modules' second calls */
@@ -397,6 +402,7 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     fs_tensor_free(&t[X]);
     /* the text tokens and (extract) the reference tokens removed */
     TRY(fs_slice_seq(c, &t[H], c->S_txt + c->R, c->S_img - c->R, &t[X]));
+    c->kv_out = extract;
 
     /* 7. output layers: AdaLayerNormContinuous (no bias) and proj_out, as FLUX.1's */
     TRY(fs_ada_layer_norm_continuous(c, &t[X], &t[TEMB], &t[Y]));

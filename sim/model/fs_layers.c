@@ -72,9 +72,13 @@ static void make_shard(const fs_layer_ctx *c, const fs_tensor *t, int stream, in
             d->iv[d->n++][1] = p->txt_hi[q];
         }
         if (stream == ST_IMG || stream == ST_JOINT) {
-            int64_t off = stream == ST_JOINT ? p->S_txt : 0;
-            d->iv[d->n][0] = off + p->img_lo[q];
-            d->iv[d->n++][1] = off + p->img_hi[q];
+            int64_t off = stream == ST_JOINT ? p->S_txt : 0, lo = p->img_lo[q], hi = p->img_hi[q];
+            if (c->kv_out) { /* the KV cache's step 0 after the blocks: the noise tokens of [reference; noise] */
+                const int64_t R = c->m->kv->R;
+                lo = (lo > R ? lo : R) - R, hi -= R;
+            }
+            d->iv[d->n][0] = off + lo;
+            d->iv[d->n++][1] = off + hi;
         }
     }
     if (f.sp && fs_tp_split_rows(f.sp) < f.sp->N) { /* the rows this rank computed = its features */
@@ -637,14 +641,82 @@ out:
 }
 
 /* SDPA over the joint sequence: q, k, v [B,S,D] viewed as [B,S,H,Dh] (head-major columns). */
+/* Rows [r0, r0 + n) of a [B, S, W] tensor x copied to/from rows [d0, d0 + n) of y [B, Sy, W]. */
+static int copy_rows(fs_layer_ctx *c, fs_tensor *y, int64_t d0, const fs_tensor *x, int64_t r0, int64_t n)
+{
+    const int64_t B = x->shape[0], S = x->shape[1], Sy = y->shape[1], W = fs_tensor_numel(x) / (B * S);
+    const size_t es = fs_dtype_size(c->dt);
+    return fs_layer_copy2d(c, (char *)y->data + (size_t)(d0 * W) * es, Sy * W, (const char *)x->data + (size_t)(r0 * W) * es,
+                           S * W, B, n * W);
+}
+
+/* The KV-cache attention under Ulysses (ring 1): q, k, v to every token of this member's head
+ * block (member w's chunk at toff[w]: its text tokens, then its image-stream tokens, the first R
+ * of the image stream the reference's). Extract: every query over every key, then the reference
+ * queries' rows again over the reference keys alone (the reference tokens' pieces, in token
+ * order, are also what the block's cache keeps: R tokens of this head block); cached: the keys
+ * and values are the gathered ones followed by the cached reference's. Then back to tokens. The
+ * keys are in another order than one rank's, the softmax the same. */
+static int kv_attention_ulysses(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v)
+{
+    fs_kv_cache *kv = c->m->kv;
+    const fs_par *p = c->par;
+    enum { QU, KU, VU, OU, QR, OR, KA, VA, NT };
+    fs_tensor t[NT] = {0};
+    fs_uly_plan u = {0};
+    const double scale = 1.0 / sqrt((double)c->Dh);
+    const int64_t R = kv->R;
+    fs_tensor *ck = &kv->k[c->kv_layer], *cv = &kv->v[c->kv_layer];
+    int rc = FS_OK;
+    if (p->ring > 1) return fs_errf(c->e, FS_E_INPUT, "the FLUX.2 KV cache runs under Ulysses, not ring attention");
+    TRY(fs_uly_plan_make(p, &u, c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, q, &t[QU], c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, k, &t[KU], c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, v, &t[VU], c->e));
+    const int64_t B = t[QU].shape[0], hb = t[QU].shape[2], Dh = t[QU].shape[3];
+    TRY(fs_layer_new_like(c, &t[OU], &t[QU]));
+    if (kv->mode == FS_KV_EXTRACT) {
+        TRY(c->be->attention(c->be, &t[OU], NULL, &t[QU], &t[KU], &t[VU], scale, c->e));
+        fs_tensor_free(ck);
+        fs_tensor_free(cv);
+        const int64_t s4[4] = {B, R, hb, Dh};
+        TRY(fs_layer_new(c, &t[QR], 4, s4));
+        TRY(fs_layer_new(c, ck, 4, s4));
+        TRY(fs_layer_new(c, cv, 4, s4));
+        for (int w = 0; w < u.U; w++) { /* member w's reference tokens: image-stream tokens [lo, hi) ∩ [0, R) */
+            const int64_t lo = p->img_lo[w], hi = p->img_hi[w] < R ? p->img_hi[w] : R, at = u.toff[w] + fs_par_txt_n(p, w);
+            if (lo >= hi) continue;
+            TRY(copy_rows(c, &t[QR], lo, &t[QU], at, hi - lo));
+            TRY(copy_rows(c, ck, lo, &t[KU], at, hi - lo)); /* after RoPE: fs_sdpa's callers rotate first */
+            TRY(copy_rows(c, cv, lo, &t[VU], at, hi - lo));
+        }
+        TRY(fs_layer_new_like(c, &t[OR], &t[QR]));
+        TRY(c->be->attention(c->be, &t[OR], NULL, &t[QR], ck, cv, scale, c->e));
+        for (int w = 0; w < u.U; w++) {
+            const int64_t lo = p->img_lo[w], hi = p->img_hi[w] < R ? p->img_hi[w] : R, at = u.toff[w] + fs_par_txt_n(p, w);
+            if (lo < hi) TRY(copy_rows(c, &t[OU], at, &t[OR], lo, hi - lo));
+        }
+    } else {
+        if (!ck->data) TRY(fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d used before it was extracted", c->kv_layer));
+        TRY(fs_cat_seq(c, &t[KU], ck, &t[KA]));
+        TRY(fs_cat_seq(c, &t[VU], cv, &t[VA]));
+        TRY(c->be->attention(c->be, &t[OU], NULL, &t[QU], &t[KA], &t[VA], scale, c->e));
+    }
+    TRY(fs_seqpar_uly_to_tokens(p, c->be, &t[OU], o, c->e));
+out:
+    fs_uly_plan_free(&u);
+    fs_layer_free_all(t, NT);
+    return rc;
+}
+
 /* FLUX.2's KV-cache attention (_flux2_kv_causal_attention in transformer_flux2.py), q, k, v
  * [B, S, Hl, Dh] of the joint sequence, text first. Extract: the sequence is [text, R reference,
  * image]; the reference tokens' K, V are stored in the block's cache slot, text and image
  * queries attend to every key, reference queries to the reference keys only, and the outputs
  * go back in sequence order. Cached: the sequence is [text, image] and the keys and values are
  * [text, cached reference, image]. Each query's softmax runs over the same keys in the same
- * order as diffusers' calls: the rows are the ones torch computes. One rank or TP only: the
- * caller refuses sequence parallelism. */
+ * order as diffusers' calls: the rows are the ones torch computes. Under Ulysses:
+ * kv_attention_ulysses. */
 static int kv_attention(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v)
 {
     fs_kv_cache *kv = c->m->kv;
@@ -653,9 +725,8 @@ static int kv_attention(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const
     const double scale = 1.0 / sqrt((double)c->Dh);
     const int64_t St = c->S_txt, R = kv->R, S = q->shape[1];
     int rc = FS_OK;
-    if (c->par && c->par->sp > 1)
-        return fs_errf(c->e, FS_E_INPUT, "the FLUX.2 KV cache runs on one rank or under TP, not sequence parallelism");
     if (c->kv_layer >= kv->n) return fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d of %d", c->kv_layer, kv->n);
+    if (c->par && c->par->sp > 1) return kv_attention_ulysses(c, o, q, k, v);
     fs_tensor *ck = &kv->k[c->kv_layer], *cv = &kv->v[c->kv_layer];
     if (kv->mode == FS_KV_EXTRACT) {
         fs_tensor_free(ck);

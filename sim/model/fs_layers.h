@@ -30,7 +30,8 @@ typedef struct fs_layer_ctx {
     int tp, tp_rank;
     fs_weights blk; /* streaming: the current block's parameters, in be's memory */
     int kv_layer;   /* m->kv on: the cache slot of the block being computed (fs_sdpa); -1 none */
-    int R;          /* reference tokens in this call's image stream (kv extract), else 0 */
+    int R;          /* reference tokens in this call's image stream (kv extract; this rank's), else 0 */
+    int kv_out;     /* kv extract, after the blocks: image records are the noise tokens (make_shard) */
     char blk_prefix[64];
     fs_err *e;
 } fs_layer_ctx;

@@ -278,17 +278,19 @@ static int cfg_exchange(const fs_par *p, fs_backend *be, const fs_tensor *mine, 
     return rc;
 }
 
-/* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
-static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, fs_tensor *global, fs_err *e)
+/* Local [B, hi_q - lo_q, C] token blocks of the SP group → global [B, S, C] on every rank (block q
+ * at tokens [lo_q, hi_q)). */
+static int gather_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, const int64_t *lo, const int64_t *hi,
+                         int64_t S, fs_tensor *global, fs_err *e)
 {
     const int64_t B = local->shape[0], C = local->shape[2];
     const size_t es = fs_dtype_size(local->dtype);
-    int64_t shape[3] = {B, p->S_img, C};
+    int64_t shape[3] = {B, S, C};
     fs_tensor tmp = {0};
     int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *dsp = cnt ? cnt + p->sp : NULL, off = 0;
     if (!cnt) return fs_errf(e, FS_E_NOMEM, "out of memory");
     for (int q = 0; q < p->sp; q++) {
-        cnt[q] = B * fs_par_img_n(p, q) * C;
+        cnt[q] = B * (hi[q] - lo[q]) * C;
         dsp[q] = off;
         off += cnt[q];
     }
@@ -297,9 +299,9 @@ static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor 
         (rc = fs_tensor_alloc_on(&tmp, be, local->dtype, 3, shape, e)) ||
         (rc = fs_allgatherv_t(&p->g_sp, local, &tmp, cnt, dsp, e)))
         goto out;
-    for (int q = 0; q < p->sp; q++) { /* block q is [B, n_q, C]: batch b's rows go to img_lo[q] */
-        const size_t w = (size_t)(fs_par_img_n(p, q) * C) * es;
-        if ((rc = be->copy2d(be, (char *)global->data + (size_t)(p->img_lo[q] * C) * es, (size_t)(p->S_img * C) * es,
+    for (int q = 0; q < p->sp; q++) { /* block q is [B, n_q, C]: batch b's rows go to lo[q] */
+        const size_t w = (size_t)((hi[q] - lo[q]) * C) * es;
+        if ((rc = be->copy2d(be, (char *)global->data + (size_t)(lo[q] * C) * es, (size_t)(S * C) * es,
                              (const char *)tmp.data + (size_t)dsp[q] * es, w, w, (size_t)B, e)))
             goto out;
     }
@@ -457,8 +459,9 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     const int split = p && p->sp > 1;
     fs_backend *be = m->be;
     fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0}, nehs = {0}, npooled = {0}, ntid = {0};
-    fs_tensor rlat = {0}, rid = {0}; /* KV cache: the reference latents and [reference; image] ids */
+    fs_tensor rlat = {0}, rnoise = {0}, rid = {0}; /* KV cache: step 0's reference and noise rows, their ids */
     fs_kv_cache kv = {0};
+    fs_par par0 = {0};
     cfg_names names = {.inner = m->rec};
     cfg_buffer kept = {0};
     const int cfg = in->true_cfg_scale > 0;
@@ -503,19 +506,40 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         goto out;
     /* FLUX.2 reference images (Flux2KleinKVPipeline): step 0 extracts the KV cache from
      * [reference; noise], the later steps use it */
-    if (in->S_ref > 0) {
-        if (m->cfg.family != FS_FLUX2 || split || cfg) {
-            rc = fs_errf(e, FS_E_INPUT, "reference images (the KV cache) run on FLUX.2, on one rank or under TP, without "
-                                        "true CFG");
+    /* Under Ulysses step 0's image stream, [reference; noise], is partitioned on its own (par0):
+     * rank q computes its tokens [lo', hi') of it, and the velocities of its noise tokens are
+     * gathered and re-split to the noise's partition after the call. */
+    const int64_t R = in->S_ref;
+    if (R > 0) {
+        if (m->cfg.family != FS_FLUX2 || cfg || (split && p->ring > 1)) {
+            rc = fs_errf(e, FS_E_INPUT, "reference images (the KV cache) run on FLUX.2, on one rank, under TP or Ulysses, "
+                                        "without true CFG");
             goto out;
         }
-        const int64_t A = in->img_ids.shape[1];
-        if ((rc = upload_tokens(be, m->dtype, &in->image_latents, 0, in->S_ref, &rlat, e)) ||
-            (rc = fs_tensor_alloc2(&rid, FS_F64, in->S_ref + in->S_img, A, e)) ||
-            (rc = fs_kv_cache_init(&kv, &m->cfg, in->S_ref, e)))
+        if (split) {
+            par0 = *p;
+            par0.txt_lo = NULL; /* fs_par_set_seq allocates par0's own partition */
+            if ((rc = fs_par_set_seq(&par0, in->S_txt, (int)(R + in->S_img), e))) goto out;
+            if (par0.img_hi[0] <= R) {
+                rc = fs_errf(e, FS_E_INPUT, "reference images under --ulysses %d: sequence-parallel rank 0 would hold only "
+                                            "reference tokens at step 0 (%lld of %lld + %d image tokens); use fewer ranks or "
+                                            "a smaller reference",
+                             p->ulysses, (long long)par0.img_hi[0], (long long)R, in->S_img);
+                goto out;
+            }
+        }
+        const int64_t A = in->img_ids.shape[1], lo0 = split ? par0.img_lo[q] : 0, hi0 = split ? par0.img_hi[q] : R + in->S_img;
+        fs_tensor all = {0};
+        if ((rc = fs_tensor_alloc2(&all, FS_F64, R + in->S_img, A, e))) goto out;
+        memcpy(all.data, in->image_latent_ids.data, (size_t)(R * A) * sizeof(double));
+        memcpy((double *)all.data + R * A, in->img_ids.data, (size_t)(in->S_img * A) * sizeof(double));
+        rc = slice_ids(&all, lo0, hi0, &rid, e);
+        fs_tensor_free(&all);
+        /* this rank's step-0 image stream: reference rows [lo0, min(hi0, R)), noise rows after */
+        if (rc || (lo0 < R && (rc = upload_tokens(be, m->dtype, &in->image_latents, lo0, hi0 < R ? hi0 : R, &rlat, e))) ||
+            (hi0 > R && (rc = upload_tokens(be, m->dtype, &in->hidden_states, lo0 > R ? lo0 - R : 0, hi0 - R, &rnoise, e))) ||
+            (rc = fs_kv_cache_init(&kv, &m->cfg, (int)R, e)))
             goto out;
-        memcpy(rid.data, in->image_latent_ids.data, (size_t)(in->S_ref * A) * sizeof(double));
-        memcpy((double *)rid.data + in->S_ref * A, iid.data, (size_t)(in->S_img * A) * sizeof(double));
     }
     if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
@@ -537,20 +561,40 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
             ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
         }
         const double *g = in->has_guidance ? in->guidance.data : NULL;
-        if (in->S_ref > 0) { /* torch.cat([image_latents, latents], dim=1) at step 0 */
+        if (R > 0) { /* torch.cat([image_latents, latents], dim=1) at step 0 */
             fs_tensor hs = {0};
             kv.mode = i == 0 ? FS_KV_EXTRACT : FS_KV_CACHED;
             ms.kv = &kv;
-            if (i == 0) {
-                const int64_t B = lat.shape[0], C = lat.shape[2], R = in->S_ref, S = lat.shape[1];
-                const size_t es = fs_dtype_size(m->dtype);
-                if (!(rc = fs_tensor_alloc_on(&hs, be, m->dtype, 3, (int64_t[]){B, R + S, C}, e)) &&
-                    !(rc = be->copy2d(be, hs.data, (size_t)((R + S) * C) * es, rlat.data, (size_t)(R * C) * es,
-                                      (size_t)(R * C) * es, (size_t)B, e)) &&
-                    !(rc = be->copy2d(be, (char *)hs.data + (size_t)(R * C) * es, (size_t)((R + S) * C) * es, lat.data,
-                                      (size_t)(S * C) * es, (size_t)(S * C) * es, (size_t)B, e)))
+            if (i == 0) { /* step 0's latents are the inputs' noise: this rank's rows of [reference; noise] */
+                const int64_t B = lat.shape[0], C = lat.shape[2], nr = rlat.ndim ? rlat.shape[1] : 0,
+                              nn = rnoise.ndim ? rnoise.shape[1] : 0;
+                const size_t es = fs_dtype_size(m->dtype), ld = (size_t)((nr + nn) * C) * es;
+                if (split) ms.par = &par0;
+                if (!(rc = fs_tensor_alloc_on(&hs, be, m->dtype, 3, (int64_t[]){B, nr + nn, C}, e)) &&
+                    !(nr && (rc = be->copy2d(be, hs.data, ld, rlat.data, (size_t)(nr * C) * es, (size_t)(nr * C) * es,
+                                             (size_t)B, e))) &&
+                    !(nn && (rc = be->copy2d(be, (char *)hs.data + (size_t)(nr * C) * es, ld, rnoise.data,
+                                             (size_t)(nn * C) * es, (size_t)(nn * C) * es, (size_t)B, e))))
                     rc = fs_model_forward(&ms, &hs, &ehs, &pooled, ts, g, &rid, &tid, &v, e);
                 fs_tensor_free(&hs);
+                if (!rc && split) { /* v of the noise rows [max(lo', R), hi') - R → the noise's partition */
+                    int64_t *lo = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *hi = lo ? lo + p->sp : NULL;
+                    fs_tensor vg = {0};
+                    if (!lo) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    for (int w = 0; !rc && w < p->sp; w++) {
+                        lo[w] = (par0.img_lo[w] > R ? par0.img_lo[w] : R) - R;
+                        hi[w] = par0.img_hi[w] - R;
+                    }
+                    if (!rc && !(rc = gather_tokens(p, be, &v, lo, hi, in->S_img, &vg, e))) {
+                        fs_tensor_free(&v);
+                        if (!(rc = fs_tensor_alloc_on(&v, be, m->dtype, 3, (int64_t[]){B, ihi - ilo, C}, e)))
+                            rc = be->copy2d(be, v.data, (size_t)((ihi - ilo) * C) * es,
+                                            (const char *)vg.data + (size_t)(ilo * C) * es, (size_t)(in->S_img * C) * es,
+                                            (size_t)((ihi - ilo) * C) * es, (size_t)B, e);
+                    }
+                    fs_tensor_free(&vg);
+                    free(lo);
+                }
             } else
                 rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
         } else if (cfgpar)
@@ -581,7 +625,7 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         if (hooks->end_step && (rc = hooks->end_step(hooks->ctx, i, e))) break;
     }
     if (!rc) {
-        if (split) rc = gather_image_tokens(p, be, &lat, latents, e);
+        if (split) rc = gather_tokens(p, be, &lat, p->img_lo, p->img_hi, p->S_img, latents, e);
         else {
             *latents = lat;
             lat = (fs_tensor){0};
@@ -591,6 +635,8 @@ out:
     cfg_buffer_clear(&kept);
     free(kept.v);
     fs_kv_cache_free(&kv);
+    free(par0.txt_lo); /* par0's partition; its groups are p's */
+    fs_tensor_free(&rnoise);
     fs_tensor_free(&rlat);
     fs_tensor_free(&rid);
     free(ts);

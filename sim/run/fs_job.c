@@ -464,14 +464,17 @@ static int configure_layout(fs_job *j, fs_err *e)
                                     "prompt (%d vs %d text tokens); tensor parallelism alone takes any length",
                      j->uly > 1 ? "--ulysses" : "--ring", j->uly > 1 && j->ring > 1 ? " x --ring" : "", j->in.S_neg,
                      j->in.S_txt);
-    /* FLUX.2's KV cache for reference images: its attention splits the joint sequence into text,
-     * reference and image tokens, which one rank or a TP group holds whole; under sequence
-     * parallelism each rank holds a chunk (not built), and Flux2KleinKVPipeline has no true CFG */
-    if (!rc && j->in.S_ref > 0 && (j->cfg.family != FS_FLUX2 || j->par.sp > 1 || j->in.true_cfg_scale > 0))
+    /* FLUX.2's KV cache for reference images: one rank, TP, Ulysses (fs_sample partitions step 0's
+     * [reference; noise] on its own); not ring attention (not built), not true CFG
+     * (Flux2KleinKVPipeline has none), not per-rank dumps under Ulysses (one sharding map entry
+     * per name cannot say both step 0's split and the later steps') */
+    const int kv_per_rank = o->dump_per_rank && j->uly > 1; /* step 0's pieces differ from the later steps' */
+    if (!rc && j->in.S_ref > 0 && (j->cfg.family != FS_FLUX2 || j->ring > 1 || j->in.true_cfg_scale > 0 || kv_per_rank))
         rc = fs_errf(e, FS_E_INPUT, "reference images (FLUX.2's KV cache: --ref-grid, /inputs/image_latents) run on "
-                                    "FLUX.2, on one rank or under --tp, without true CFG; not %s",
+                                    "FLUX.2, on one rank, under --tp or --ulysses, without true CFG; not %s",
                      j->cfg.family != FS_FLUX2 ? "on FLUX.1"
-                     : j->par.sp > 1           ? (j->uly > 1 ? "under --ulysses" : "under --ring")
+                     : j->ring > 1             ? "under --ring"
+                     : kv_per_rank             ? "with --dump-per-rank under --ulysses"
                                                : "with --true-cfg-scale");
     if ((rc = fs_job_agree(world, rc, e))) return rc;
     /* ranks sharing the cores: one thread each unless told otherwise */
