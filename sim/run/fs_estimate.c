@@ -263,7 +263,11 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
      * the largest live set (as before 2026-11-28) counts two moments as one. */
     const uint64_t es2 = es == 2, BS = mul(B, S), BSi = mul(B, Si), BSt = mul(B, St);
     /* a bf16 GEMM of M rows is widened to float32 (copies of x, W and y) unless oneDNN's bf16
-     * matmul serves it (AMX; AVX512-BF16 alone below FS_GEMM_BF16_WIDEN_M rows) */
+     * matmul serves it (AMX; AVX512-BF16 alone below FS_GEMM_BF16_WIDEN_M rows), whose working
+     * memory (the weight reordered into its blocked layout, primitive cache, JIT code) it does
+     * not report: counted as a float32 copy of W, which bounds the blocked bf16 copy (a bf16
+     * --tp 2 --check rank of 80 tokens, every GEMM through oneDNN: 110 MiB measured, 96 without
+     * it, 2026-11-28) */
     const int wide_i = es2 && !fs_gemm_bf16_native((int64_t)BSi), wide_j = es2 && !fs_gemm_bf16_native((int64_t)BS);
     const uint64_t n2 = c->family == FS_FLUX2 ? 1 : 2; /* norm2 kept beside its modulated output (FLUX.1) */
     typedef struct { uint64_t live, copy, scratch; } phase; /* elements, float32 elements, bytes */
@@ -275,13 +279,13 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
          * output; the kernel upcasts q, k, v, o */
         {add(mul(BS, add(D, 9 * Dl)), mods), mul(BS, 4 * Dl), scratch},
         /* the output projections: + the output's two slices and to_out/to_add_out's outputs */
-        {add(mul(BS, add(2 * D, 10 * Dl)), mods), wide_i ? add(mul(BSi, add(Dl, D)), mul(D, Dl)) : 0, 0},
+        {add(mul(BS, add(2 * D, 10 * Dl)), mods), es2 ? add(wide_i ? mul(BSi, add(Dl, D)) : 0, mul(D, Dl)) : 0, 0},
         /* the image MLP's activation: xm, cm and both attention outputs, norm2 (FLUX.1) and the
          * modulated input, the hidden before and after it; the element-wise op upcasts both */
         {add(add(mul(BS, 2 * D), mul(BSi, add(n2 * D, 2 * Fl))), mods), es2 ? mul(BSi, 2 * Fl) : 0, 0},
         /* its down projection: + its output (widened: x, W, y in float32) */
         {add(add(mul(BS, 2 * D), mul(BSi, add((n2 + 1) * D, 2 * Fl))), mods),
-         wide_i ? add(mul(BSi, add(Fl, D)), mul(Fl, D)) : 0, 0},
+         es2 ? add(wide_i ? mul(BSi, add(Fl, D)) : 0, mul(Fl, D)) : 0, 0},
         /* the text MLP: the image's norm2/modulated input/MLP output stay until the block returns */
         {add(add(mul(BS, add(2 * D, (n2 + 1) * D)), mul(BSt, 2 * Fl)), mods), es2 ? mul(BSt, 2 * Fl) : 0, 0},
     };
@@ -294,7 +298,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         /* proj_out (to_out) and the block's end: its output, the concatenation, the recorded
          * text/image slices (widened: proj_out's x, W, y in float32) */
         {add(mul(BS, add(add(3 * D, 3 * Fl), 7 * Dl)), m3),
-         wide_j ? add(mul(add(BS, D), add(Dl, Fl)), mul(BS, D)) : 0, 0},
+         es2 ? add(wide_j ? add(mul(BS, add(Dl, Fl)), mul(BS, D)) : 0, mul(D, add(Dl, Fl))) : 0, 0},
     };
     uint64_t dlive = 0, dall = 0, slive = 0, sall = 0, dl_dev = 0, sl_dev = 0;
     for (size_t k = 0; k < sizeof dbl / sizeof *dbl; k++) {
@@ -316,8 +320,11 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     /* bf16 on the CPU (fs_backend_cpu.c): element-wise ops and attention compute in float32
      * copies of their operands, and so does a GEMM widened to float32 (fs_gemm.h): what the peak
      * phase adds, copies included. Measured 2026-11-28 (default config, batch 4, 64x64 tokens,
-     * one bf16 rank, 1 thread; before the GEMM providers of 7fc4699): peak RSS 299 MiB with every
-     * GEMM through oneDNN (this estimate: 291), 356 MiB with every GEMM widened (350). */
+     * one bf16 rank, 1 thread, AVX512-BF16 without AMX): 355 MiB with fs_gemm's own choice (the
+     * large GEMMs widened; this estimate 350). Forcing every GEMM through oneDNN
+     * (FS_GEMM_BF16=onednn) measured 299 MiB before 7fc4699's GEMM providers (estimate 291), but
+     * 441-482 MiB after them: oneDNN's working memory there is not modelled (an AMX machine, where
+     * oneDNN is the default, would see it). */
     if (es2) out->bf16_scratch_bytes = max2(add(pers_dbl, dall), add(pers_sgl, sall)) - out->act_peak_bytes;
     /* a GPU rank: every weight of its shard resident, activations in the run dtype, flash
      * attention (no score blocks, no float32 copies) */
