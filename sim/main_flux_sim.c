@@ -64,6 +64,9 @@ static void usage(FILE *f)
             "                        klein base's guidance_scale; S > 1): each step also runs the negative\n"
             "                        prompt, v = v_neg + S (v - v_neg); its modules recorded as name@k [off]\n"
             "  --neg-txt-len N       tokens of the negative prompt [--txt-len]\n"
+            "  --ref-grid HxW        FLUX.2: a reference image of HxW tokens through the KV cache\n"
+            "                        (Flux2KleinKVPipeline: step 0 kv_cache_mode extract on [reference;\n"
+            "                        noise], later steps cached); one rank, --tp or --ulysses [none]\n"
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"
@@ -239,7 +242,7 @@ static int parse_size(const char *s, const char *opt, uint64_t *out, fs_err *e)
 
 /* --grid HxW: two positive integers and nothing else; the product is computed in 64 bits and
  * capped (FS_MAX_IMG_TOKENS) before anything is sized from it. */
-static int parse_grid(const char *s, int *h, int *w, fs_err *e)
+static int parse_grid(const char *opt, const char *s, int *h, int *w, fs_err *e)
 {
     const char *p = s;
     long long v[2];
@@ -254,14 +257,14 @@ static int parse_grid(const char *s, int *h, int *w, fs_err *e)
     }
     if (*p) goto bad;
     if (v[0] > FS_MAX_IMG_TOKENS || v[1] > FS_MAX_IMG_TOKENS || v[0] * v[1] > FS_MAX_IMG_TOKENS)
-        return fs_errf(e, FS_E_INPUT, "--grid %s: %.0f image tokens; flux-sim runs at most %d (2048x2048 tokens, a "
+        return fs_errf(e, FS_E_INPUT, "%s %s: %.0f image tokens; flux-sim runs at most %d (2048x2048 tokens, a "
                                       "32768x32768-pixel image; FLUX.1 at 1024x1024 pixels is 64x64)",
-                       s, (double)v[0] * (double)v[1], FS_MAX_IMG_TOKENS);
+                       opt, s, (double)v[0] * (double)v[1], FS_MAX_IMG_TOKENS);
     *h = (int)v[0];
     *w = (int)v[1];
     return FS_OK;
 bad:
-    return fs_errf(e, FS_E_INPUT, "--grid: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", s);
+    return fs_errf(e, FS_E_INPUT, "%s: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", opt, s);
 }
 
 /* --clean PATH... (main runs it instead of a job) */
@@ -279,7 +282,8 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     enum { O_CONFIG = 256, O_WEIGHTS, O_WSEED, O_PREC, O_INPUTS, O_SEED, O_GRID, O_TXT, O_BATCH, O_STEPS, O_GUID,
            O_SCHED, O_DUMP, O_THREADS, O_COMPRESS, O_TP, O_ULY, O_RING, O_ROT, O_PLAN, O_PPLAN, O_CHECK, O_RTOL,
            O_RTOLMAX, O_DPR, O_CSTATS, O_INJECT, O_BREAK, O_WAIT, O_BACKEND, O_LSE, O_MATCH, O_AR_ORDER, O_STREAM, O_NO_STREAM, O_DUMP_MODULES, O_DUMP_STEPS,
-           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT, O_TEXT, O_JOINT, O_MESH, O_PAD };
+           O_ESTIMATE, O_DEVMEM, O_CLEAN, O_TRUECFG, O_NEGTXT, O_CFGPAR, O_CFGBAT, O_TEXT, O_JOINT, O_MESH, O_PAD,
+           O_REFGRID };
     static const struct option lo[] = {
         {"config", required_argument, 0, O_CONFIG},   {"weights", required_argument, 0, O_WEIGHTS},
         {"weights-seed", required_argument, 0, O_WSEED}, {"precision", required_argument, 0, O_PREC},
@@ -306,6 +310,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         {"cfg-parallel", no_argument, 0, O_CFGPAR},   {"cfg-batched", no_argument, 0, O_CFGBAT},
         {"text", required_argument, 0, O_TEXT},       {"joint", required_argument, 0, O_JOINT},
         {"mesh-order", required_argument, 0, O_MESH}, {"pad", required_argument, 0, O_PAD},
+        {"ref-grid", required_argument, 0, O_REFGRID},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'},             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -345,7 +350,11 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_DUMP_STEPS: o->dump_steps = optarg; break;
         case O_INPUTS: o->inputs = optarg; break;
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
-        case O_GRID: rc = parse_grid(optarg, &o->gen.grid_h, &o->gen.grid_w, e); o->gen_opt_given = 1; break;
+        case O_GRID: rc = parse_grid("--grid", optarg, &o->gen.grid_h, &o->gen.grid_w, e); o->gen_opt_given = 1; break;
+        case O_REFGRID:
+            rc = parse_grid("--ref-grid", optarg, &o->gen.ref_h, &o->gen.ref_w, e);
+            o->gen_opt_given = 1;
+            break;
         case O_TXT:
             rc = parse_int_in(optarg, "--txt-len", 1, FS_MAX_TXT_TOKENS, "T5 gives FLUX.1 at most 512", &o->gen.txt_len, e);
             o->gen_opt_given = 1;
@@ -490,7 +499,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
     if (o->inputs && o->gen_opt_given)
         return fs_errf(e, FS_E_INPUT, "--inputs replays a dump's inputs, sigmas and timesteps; it cannot be combined "
                                       "with --seed/--grid/--txt-len/--batch/--steps/--guidance/--scheduler/"
-                                      "--true-cfg-scale/--neg-txt-len");
+                                      "--true-cfg-scale/--neg-txt-len/--ref-grid");
     if (o->joint && !(o->text && !strcmp(o->text, "replicated")))
         return fs_errf(e, FS_E_INPUT, "--joint places the replicated text's K/V in the ring: add --text replicated");
     if (o->gen.neg_txt_len && !(o->gen.true_cfg_scale > 0))

@@ -85,6 +85,15 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 if grep -q -- "--dump-modules transformer_blocks.19.\*,nomatch: matches no module of this model" err && [ "$ms" -lt 20000 ]; then
   ok "T19: matches no module: refused up front (${ms} ms, before the size check)"
 else bad "T19: matches no module: ${ms} ms: $(cat err)"; fi
+# FLUX.2 has its own list (FLUX.1's names match nothing there): flux2-dev at 2000x2000, up front
+start=$(date +%s%N)
+one_err "FLUX.2 --dump-modules matching no module" 2 "$SIM" --config flux2-dev --grid 2000x2000 --dump o.h5 --dump-modules 'time_text_embed*,transformer_blocks.8.*'
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if grep -q -- "matches no module of this model" err && [ "$ms" -lt 20000 ]; then
+  ok "T19 FLUX.2: matches no module: refused up front (${ms} ms, before the size check)"
+else bad "T19 FLUX.2: matches no module: ${ms} ms: $(cat err)"; fi
+one_err "FLUX.2 --estimate --dump-modules matching no module" 2 "$SIM" --config flux2-dev --tp 4 --estimate --dump o.h5 --dump-modules 'single_transformer_blocks.48.*'
+grep -q 'matches no module' err || bad "T19 FLUX.2 --estimate: $(cat err)"
 one_err "--check --dump-modules matching no module" 2 "$SIM" $RUN --check --dump-modules 'x_embedder.*'
 grep -q 'matches no module' err || bad "T19 --check: $(cat err)"
 one_err "--estimate --dump-modules matching no module" 2 "$SIM" --estimate --dump o.h5 --dump-modules 'nomatch'

@@ -3,6 +3,7 @@
 (tests/peer_diffusers.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
 
     peer_diffusers.py FAMILY REFDIR OUT [--steps N] [--cp ring|ulysses] [--bug timestep-rank1]
+                      [--kv] [--fp64 | --bf16] [--inputs FILE]
 
 FAMILY flux1 | flux2: diffusers' FluxTransformer2DModel | Flux2Transformer2DModel, built from
 REFDIR/config.json and loaded from REFDIR/weights.safetensors (strict), fp32, with the inputs of
@@ -24,10 +25,18 @@ computed (docs/peers.md):
   3. ... whose forward op calls aten::_scaled_dot_product_flash_attention, which has no CPU kernel:
      it is routed to aten::_scaled_dot_product_flash_attention_for_cpu, the same attention on the
      CPU (its LSE [B, H, S], as the CUDA kernel's).
+--kv: FLUX.2 reference images through the KV cache, as Flux2KleinKVPipeline runs them (its
+_set_kv_attn_processors, step 0 kv_cache_mode="extract" on cat([image_latents, latents]) and
+cat([image_latent_ids, img_ids]), later steps "cached" with the returned Flux2KVCache); the
+reference latents and ids from the inputs' /inputs/image_latents, image_latent_ids.
+--fp64 / --bf16: the model and the loop in float64 (the float32 islands promoted as the reference's
+float64 dumps do, the Euler step in float64) / bfloat16 (torch's CPU kernels). --inputs FILE: the
+/inputs of FILE instead of REFDIR/dump_fp32.h5.
 --bug timestep-rank1: seed 000's broadcast into a temporary: rank 1's transformer embeds timestep 0
 (its time embedding module's forward wrapped at run time; diffusers is not edited).
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -76,6 +85,30 @@ def cpu_patches():
     ad._native_flash_attention_forward_op = flash_cpu
 
 
+class PromoteFP32ToFP64:
+    """--fp64: diffusers computes three things in float32 whatever the model dtype (the timestep
+    sinusoid's torch.arange(dtype=float32) and .float(), the RoPE tables' and apply_rotary_emb's
+    .float()); the reference's float64 dumps promote them (../shared/reference/flux2-tiny/README.md,
+    "float32 islands"), and so does this, during the forward only: Tensor.float() is the identity
+    on float64 tensors and torch.arange(dtype=float32) makes float64. Values otherwise unchanged."""
+
+    def __enter__(self):
+        self.arange, self.float = torch.arange, torch.Tensor.float
+        arange, flt = self.arange, self.float
+
+        def arange64(*a, **k):
+            if k.get("dtype") == torch.float32:
+                k["dtype"] = torch.float64
+            return arange(*a, **k)
+
+        torch.arange = arange64
+        torch.Tensor.float = lambda t, *a, **k: t if t.dtype == torch.float64 else flt(t, *a, **k)
+        return self
+
+    def __exit__(self, *exc):
+        torch.arange, torch.Tensor.float = self.arange, self.float
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("family", choices=["flux1", "flux2"])
@@ -87,6 +120,13 @@ def main():
     ap.add_argument("--true-cfg", action="store_true",
                     help="true CFG with the negative prompt and scale of REFDIR/dump_fp32.h5's /inputs: "
                          "FluxPipeline's true_cfg_scale (FLUX.1), Flux2KleinPipeline's guidance_scale (FLUX.2)")
+    ap.add_argument("--kv", action="store_true",
+                    help="FLUX.2 reference images through the KV cache, as Flux2KleinKVPipeline runs them: the "
+                         "image_latents/image_latent_ids of the inputs' /inputs, the KV attention processors, step 0 "
+                         "kv_cache_mode='extract' on [reference; latents], later steps 'cached'")
+    ap.add_argument("--fp64", action="store_true", help="the model and the loop in float64 instead of float32")
+    ap.add_argument("--bf16", action="store_true", help="the model and the latents in bfloat16 (torch's CPU kernels)")
+    ap.add_argument("--inputs", help="the dump whose /inputs to run [REFDIR/dump_fp32.h5]")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -109,22 +149,23 @@ def main():
         cpu_patches()
 
     cfg = json.load(open(os.path.join(a.refdir, "config.json")))
-    model = Model.from_config(cfg).to(torch.float32).eval()
+    dt = torch.float64 if a.fp64 else torch.bfloat16 if a.bf16 else torch.float32
+    model = Model.from_config(cfg).to(dt).eval()
     missing, unexpected = model.load_state_dict(load_file(os.path.join(a.refdir, "weights.safetensors")), strict=True)
     assert not missing and not unexpected, (missing, unexpected)
 
-    with h5py.File(os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
+    with h5py.File(a.inputs or os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
         inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
         # the reference's scheduler config; a flux-sim dump has none: FLUX.1-dev's, which FLUX.2
         # ships too (its pipelines differ only in mu)
         sched_cfg = (json.loads(ref.attrs["scheduler_config"]) if "scheduler_config" in ref.attrs else
                      {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
                       "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096})
-    latents = inp["hidden_states"].float()
-    prompt_embeds = inp["encoder_hidden_states"].float()
+    latents = inp["hidden_states"].to(dt)
+    prompt_embeds = inp["encoder_hidden_states"].to(dt)
     B, S_img = latents.shape[0], latents.shape[1]
     # klein and FLUX.1-schnell have no guidance embedder: the pipelines pass guidance=None
-    guidance = (torch.full([1], float(inp["guidance"][0]), dtype=torch.float32).expand(B)
+    guidance = (torch.full([1], float(inp["guidance"][0]), dtype=torch.float64 if a.fp64 else torch.float32).expand(B)
                 if "guidance" in inp else None)
     pooled = None
     if f2:   # Flux2Pipeline's _prepare_latent_ids / _prepare_text_ids: int64 [B, S, 4]
@@ -143,6 +184,17 @@ def main():
             neg["txt_ids"] = inp["negative_txt_ids"].float()
             neg["pooled_projections"] = inp["negative_pooled_projections"].float()
         cfg_scale = float(inp["true_cfg_scale"][0])
+
+    kv = None   # Flux2KleinKVPipeline: reference latents [B, R, C] and ids [B, R, 4] (int64)
+    if a.kv:
+        from diffusers.models.transformers.transformer_flux2 import (Flux2KVAttnProcessor,
+                                                                     Flux2KVParallelSelfAttnProcessor)
+        for block in model.transformer_blocks:            # the pipeline's _set_kv_attn_processors
+            block.attn.set_processor(Flux2KVAttnProcessor())
+        for block in model.single_transformer_blocks:
+            block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
+        kv = dict(latents=inp["image_latents"].to(dt),
+                  ids=inp["image_latent_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1))
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
@@ -180,6 +232,8 @@ def main():
             extra = dict(true_cfg_scale=torch.tensor([cfg_scale], dtype=torch.float32),
                          negative_encoder_hidden_states=neg["encoder_hidden_states"],
                          negative_txt_ids=neg["txt_ids"], negative_pooled_projections=neg["pooled_projections"])
+        if kv is not None:
+            extra.update(image_latents=kv["latents"], image_latent_ids=kv["ids"])
         d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
                        img_ids=img_ids, txt_ids=txt_ids, guidance=guidance, sigmas=scheduler.sigmas,
                        timesteps=pipeline_timesteps(timesteps, latents.dtype), **extra)
@@ -191,14 +245,30 @@ def main():
                             encoder_hidden_states=prompt_embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False)
                 if not f2:
                     args["pooled_projections"] = pooled
-                v = model(**args)[0]
+                promote = PromoteFP32ToFP64() if a.fp64 else contextlib.nullcontext()
+                if kv is not None and i == 0:   # step 0: [reference; latents], extract the cache
+                    args.update(hidden_states=torch.cat([kv["latents"], latents], dim=1),
+                                img_ids=torch.cat([kv["ids"], img_ids], dim=1), kv_cache_mode="extract",
+                                num_ref_tokens=kv["latents"].shape[1])
+                    with promote:
+                        v, cache = model(**args)
+                elif kv is not None:            # later steps: the latents alone, the cached K/V
+                    with promote:
+                        v = model(**args, kv_cache=cache, kv_cache_mode="cached")[0]
+                else:
+                    with promote:
+                        v = model(**args)[0]
                 if neg is not None:   # FluxPipeline / Flux2KleinPipeline: cond, then uncond, then combine
                     args.update(encoder_hidden_states=neg["encoder_hidden_states"], txt_ids=neg["txt_ids"])
                     if not f2:
                         args["pooled_projections"] = neg["pooled_projections"]
                     vn = model(**args)[0]
                     v = vn + cfg_scale * (v - vn)
-                latents = scheduler.step(v, t, latents, return_dict=False)[0]
+                if a.fp64:   # x + (σ_next − σ)·v in float64 (scheduler.step rounds the sample to float32)
+                    sg = scheduler.sigmas
+                    latents = latents + (sg[i + 1].double() - sg[i].double()) * v
+                else:
+                    latents = scheduler.step(v, t, latents, return_dict=False)[0]
                 d.record("latents_out", latents)
         d.final(latents)
     if a.cp:

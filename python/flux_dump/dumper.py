@@ -413,7 +413,7 @@ class FluxDumper:
         arrs = {k: (_to_numpy(v) if not isinstance(v, np.ndarray) else np.asarray(v))
                 for k, v in tensors.items() if v is not None}
         passed = {k: tuple(a.shape) for k, a in arrs.items()}   # as the model gets them: the CP plan splits these
-        for k in ("img_ids", "txt_ids", "negative_txt_ids"):   # negative_*: true CFG's negative prompt
+        for k in ("img_ids", "txt_ids", "negative_txt_ids", "image_latent_ids"):   # negative_*: true CFG; image_*: the KV cache
             a = arrs.get(k)
             if a is None:
                 continue

@@ -23,46 +23,16 @@
 static int time_text_embed(fs_layer_ctx *c, const double *timestep, const double *guidance, const fs_tensor *pooled,
                            fs_tensor *temb)
 {
-    const int B = c->B;
-    double t[64], g[64];
-    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, pe = {0}, sum = {0}, tc = {0}, gc = {0};
-    int rc = FS_OK;
-    if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
-    /* gotcha 1: the transformer multiplies timestep AND guidance by 1000, in the model dtype */
-    for (int b = 0; b < B; b++) {
-        t[b] = fs_layer_embedded_scalar(c, timestep[b]);
-        if (guidance) g[b] = fs_layer_embedded_scalar(c, guidance[b]);
-    }
-    const fs_tensor *in;
-    TRY(fs_layer_time_proj(c, t, &tp));
-    TRY(REC(&tp, ST_REP, FS_TP_REPL, "time_text_embed.time_proj"));
-    TRY(fs_layer_to_run_dtype(c, &tp, &tc, &in));
-    TRY(fs_mlp_embedder(c, in, "time_text_embed.timestep_embedder", "act", &te));
-    if (guidance) {
-        /* gotcha 3: the same time_proj module fires a second time */
-        TRY(fs_layer_time_proj(c, g, &gp));
-        TRY(REC(&gp, ST_REP, FS_TP_REPL, "time_text_embed.time_proj@1"));
-        TRY(fs_layer_to_run_dtype(c, &gp, &gc, &in));
-        TRY(fs_mlp_embedder(c, in, "time_text_embed.guidance_embedder", "act", &ge));
-        TRY(fs_layer_new_like(c, &sum, &te));
-        TRY(c->be->add(c->be, &sum, &te, &ge, c->e));
-        fs_tensor_free(&te);
-        te = sum;
-        sum = (fs_tensor){0};
-    }
+    fs_tensor te = {0}, pe = {0};
+    int rc;
+    TRY(fs_time_guidance(c, "time_text_embed", timestep, guidance, &te));
     TRY(fs_mlp_embedder(c, pooled, "time_text_embed.text_embedder", "act_1", &pe));
     TRY(fs_layer_new_like(c, temb, &te));
     TRY(c->be->add(c->be, temb, &te, &pe, c->e));
     TRY(REC(temb, ST_REP, FS_TP_REPL, "time_text_embed"));
 out:
-    fs_tensor_free(&tp);
     fs_tensor_free(&te);
-    fs_tensor_free(&gp);
-    fs_tensor_free(&ge);
     fs_tensor_free(&pe);
-    fs_tensor_free(&sum);
-    fs_tensor_free(&tc);
-    fs_tensor_free(&gc);
     return rc;
 }
 
@@ -71,9 +41,8 @@ out:
 static int double_block(fs_layer_ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_tensor *temb, const fs_tensor *cos_t,
                         const fs_tensor *sin_t)
 {
-    enum { XM, CM, Q, K, V, CQ, CK, CV, NQ, NK, NCQ, NCK, JQ, JK, JV, O, OX, OC, AX, AC, LN2, M2, FF, LN2C, M2C, FFC, NT };
+    enum { XM, CM, AX, AC, LN2, M2, FF, LN2C, M2C, FFC, NT };
     fs_tensor t[NT] = {0}, mod[6] = {0}, cmod[6] = {0};
-    fs_tp_split sq, sk, scq, sck;
     char p[64], nm[160];
     int rc;
     fs_backend *be = c->be;
@@ -84,31 +53,8 @@ static int double_block(fs_layer_ctx *c, int i, fs_tensor *x, fs_tensor *cx, con
     TRY(fs_ada_layer_norm_zero(c, N("norm1"), x, ST_IMG, temb, 6, &t[XM], mod));
     TRY(fs_ada_layer_norm_zero(c, N("norm1_context"), cx, ST_TXT, temb, 6, &t[CM], cmod));
 
-    /* attn = FluxAttention with added (text) projections */
-    TRY(fs_linear(c, &t[XM], N("attn.to_q"), ST_IMG, &t[Q], &sq));
-    TRY(fs_linear(c, &t[XM], N("attn.to_k"), ST_IMG, &t[K], &sk));
-    TRY(fs_linear(c, &t[XM], N("attn.to_v"), ST_IMG, &t[V], NULL));
-    TRY(fs_linear(c, &t[CM], N("attn.add_q_proj"), ST_TXT, &t[CQ], &scq));
-    TRY(fs_linear(c, &t[CM], N("attn.add_k_proj"), ST_TXT, &t[CK], &sck));
-    TRY(fs_linear(c, &t[CM], N("attn.add_v_proj"), ST_TXT, &t[CV], NULL));
-    TRY(fs_qk_norm(c, &t[Q], &sq, N("attn.norm_q"), ST_IMG, &t[NQ]));
-    TRY(fs_qk_norm(c, &t[K], &sk, N("attn.norm_k"), ST_IMG, &t[NK]));
-    TRY(fs_qk_norm(c, &t[CQ], &scq, N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
-    TRY(fs_qk_norm(c, &t[CK], &sck, N("attn.norm_added_k"), ST_TXT, &t[NCK]));
-    /* gotcha 4: joint sequence is text first; RoPE after the QK norm, on q and k only (gotcha 6) */
-    TRY(fs_cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
-    TRY(fs_cat_seq(c, &t[NCK], &t[NK], &t[JK]));
-    TRY(fs_cat_seq(c, &t[CV], &t[V], &t[JV]));
-    TRY(fs_rope_inplace(c, &t[JQ], cos_t, sin_t));
-    TRY(fs_rope_inplace(c, &t[JK], cos_t, sin_t));
-    TRY(fs_sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
-    TRY(fs_slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
-    TRY(fs_slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
-    TRY(fs_linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, &t[AX], NULL));
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
-    TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, &t[AC], NULL));
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn#0", p)); /* gotcha 5: attn returns (image, text) */
-    TRY(REC(&t[AC], ST_TXT, FS_TP_REPL, "%s.attn#1", p));
+    /* attn = FluxAttention with added (text) projections: to_out.0, then to_add_out */
+    TRY(fs_joint_attention(c, p, &t[XM], &t[CM], cos_t, sin_t, 0, &t[AX], &t[AC]));
 
     /* image stream: gated attention residual, then the MLP reads the updated x (gotcha 12) */
     TRY(be->gated_add(be, x, &mod[2], &t[AX], c->e));

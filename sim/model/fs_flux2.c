@@ -22,6 +22,7 @@
 #include "fs_layers.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TRY FS_TRY
@@ -40,43 +41,11 @@ static fs_tp_split part_split(const fs_layer_ctx *c, int64_t W)
 }
 
 /* time_guidance_embed: Flux2TimestepGuidanceEmbeddings. temb = timestep_embedder(sinusoid(t))
- * (+ guidance_embedder(sinusoid(g))). */
+ * (+ guidance_embedder(sinusoid(g))): the shared part of FLUX.1's, recorded as the module. */
 static int time_guidance_embed(fs_layer_ctx *c, const double *timestep, const double *guidance, fs_tensor *temb)
 {
-    const int B = c->B;
-    double t[64], g[64];
-    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, tc = {0}, gc = {0};
-    int rc = FS_OK;
-    if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
-    /* timestep.to(dtype) * 1000 and guidance.to(dtype) * 1000, as FLUX.1 */
-    for (int b = 0; b < B; b++) {
-        t[b] = fs_layer_embedded_scalar(c, timestep[b]);
-        if (guidance) g[b] = fs_layer_embedded_scalar(c, guidance[b]);
-    }
-    const fs_tensor *in;
-    TRY(fs_layer_time_proj(c, t, &tp));
-    TRY(REC(&tp, ST_REP, FS_TP_REPL, "time_guidance_embed.time_proj"));
-    TRY(fs_layer_to_run_dtype(c, &tp, &tc, &in));
-    TRY(fs_mlp_embedder(c, in, "time_guidance_embed.timestep_embedder", "act", &te));
-    if (guidance) {
-        TRY(fs_layer_time_proj(c, g, &gp));
-        TRY(REC(&gp, ST_REP, FS_TP_REPL, "time_guidance_embed.time_proj@1"));
-        TRY(fs_layer_to_run_dtype(c, &gp, &gc, &in));
-        TRY(fs_mlp_embedder(c, in, "time_guidance_embed.guidance_embedder", "act", &ge));
-        TRY(fs_layer_new_like(c, temb, &te));
-        TRY(c->be->add(c->be, temb, &te, &ge, c->e));
-    } else {
-        *temb = te;
-        te = (fs_tensor){0};
-    }
-    TRY(REC(temb, ST_REP, FS_TP_REPL, "time_guidance_embed"));
-out:
-    fs_tensor_free(&tp);
-    fs_tensor_free(&te);
-    fs_tensor_free(&gp);
-    fs_tensor_free(&ge);
-    fs_tensor_free(&tc);
-    fs_tensor_free(&gc);
+    int rc = fs_time_guidance(c, "time_guidance_embed", timestep, guidance, temb);
+    if (!rc && (rc = REC(temb, ST_REP, FS_TP_REPL, "time_guidance_embed"))) fs_tensor_free(temb);
     return rc;
 }
 
@@ -98,17 +67,67 @@ out:
     return rc;
 }
 
+/* ---- per-token modulation (the KV cache's reference tokens) ----
+ * In kv_cache_mode "extract" diffusers blends the modulation per token (_blend_double_block_mods,
+ * _blend_single_block_mods): the reference tokens take the chunks of the reference time
+ * embedding, the others the step's. Both ops are element-wise, so running each token range with
+ * its own chunks computes the blended tensors' values. A stream is a list of ranges. */
+typedef struct seg {
+    int64_t n;                            /* tokens */
+    const fs_tensor *shift, *scale, *gate; /* [B, D] chunks */
+} seg;
+
+/* tokens of src [B, n, W] into dst [B, S, W] from token s0 */
+static int put_seq(fs_layer_ctx *c, fs_tensor *dst, int64_t s0, const fs_tensor *src)
+{
+    const int64_t B = dst->shape[0], S = dst->shape[1], n = src->shape[1], W = fs_tensor_numel(dst) / (B * S);
+    return fs_layer_copy2d(c, (char *)dst->data + (size_t)(s0 * W) * fs_dtype_size(c->dt), S * W, src->data, n * W, B,
+                           n * W);
+}
+
+/* (1 + scale)·ln + shift into xm (shaped like ln), range by range */
+static int modulate_seg(fs_layer_ctx *c, fs_tensor *xm, const fs_tensor *ln, const seg *sg, int nseg)
+{
+    if (nseg == 1) return c->be->modulate(c->be, xm, ln, sg[0].scale, sg[0].shift, c->e);
+    int rc = FS_OK;
+    for (int64_t k = 0, s0 = 0; k < nseg && !rc; s0 += sg[k].n, k++) {
+        fs_tensor a = {0}, b = {0};
+        if (sg[k].n && !(rc = fs_slice_seq(c, ln, s0, sg[k].n, &a)) && !(rc = fs_layer_out_like(c, &b, &a)) &&
+            !(rc = c->be->modulate(c->be, &b, &a, sg[k].scale, sg[k].shift, c->e)))
+            rc = put_seq(c, xm, s0, &b);
+        fs_tensor_free(&a);
+        fs_tensor_free(&b);
+    }
+    return rc;
+}
+
+/* x += gate·y, range by range */
+static int gated_add_seg(fs_layer_ctx *c, fs_tensor *x, const seg *sg, int nseg, const fs_tensor *y)
+{
+    if (nseg == 1) return c->be->gated_add(c->be, x, sg[0].gate, y, c->e);
+    int rc = FS_OK;
+    for (int64_t k = 0, s0 = 0; k < nseg && !rc; s0 += sg[k].n, k++) {
+        fs_tensor a = {0}, b = {0};
+        if (sg[k].n && !(rc = fs_slice_seq(c, x, s0, sg[k].n, &a)) && !(rc = fs_slice_seq(c, y, s0, sg[k].n, &b)) &&
+            !(rc = c->be->gated_add(c->be, &a, sg[k].gate, &b, c->e)))
+            rc = put_seq(c, x, s0, &a);
+        fs_tensor_free(&a);
+        fs_tensor_free(&b);
+    }
+    return rc;
+}
+
 /* LayerNorm `name` of x (recorded: the hook sees the plain norm), then (1 + scale)·LN(x) + shift
- * into *xm (not a module). */
-static int norm_modulate(fs_layer_ctx *c, const char *name, const fs_tensor *x, int stream, const fs_tensor *shift,
-                         const fs_tensor *scale, fs_tensor *xm)
+ * into *xm (not a module), with each token range's chunks. */
+static int norm_modulate(fs_layer_ctx *c, const char *name, const fs_tensor *x, int stream, const seg *sg,
+                         int nseg, fs_tensor *xm)
 {
     fs_tensor ln = {0};
     int rc;
     TRY(fs_layernorm(c, x, &ln));
     TRY(REC(&ln, stream, FS_TP_REPL, "%s", name));
     TRY(fs_layer_out_like(c, xm, x));
-    TRY(c->be->modulate(c->be, xm, &ln, scale, shift, c->e));
+    TRY(modulate_seg(c, xm, &ln, sg, nseg));
 out:
     fs_tensor_free(&ln);
     return rc;
@@ -134,59 +153,41 @@ out:
 /* transformer_blocks.i — Flux2TransformerBlock. x [B,S_img,D] and cx [B,S_txt,D] are updated in
  * place; mi[6], mt[6]: the image and text modulation chunks (shift, scale, gate) × (attn, MLP). */
 static int double_block(fs_layer_ctx *c, int i, fs_tensor *x, fs_tensor *cx, const fs_tensor *mi, const fs_tensor *mt,
-                        const fs_tensor *cos_t, const fs_tensor *sin_t)
+                        const fs_tensor *mr, const fs_tensor *cos_t, const fs_tensor *sin_t)
 {
-    enum { XM, CM, Q, K, V, CQ, CK, CV, NQ, NK, NCQ, NCK, JQ, JK, JV, O, OX, OC, AX, AC, M2, FF, M2C, FFC, NT };
+    /* the image stream's token ranges: [R reference tokens (chunks mr); the image (mi)] */
+    const int64_t R = c->R, Si = x->shape[1];
+    const seg ia[2] = {{R, R ? &mr[0] : NULL, R ? &mr[1] : NULL, R ? &mr[2] : NULL}, {Si - R, &mi[0], &mi[1], &mi[2]}},
+              im[2] = {{R, R ? &mr[3] : NULL, R ? &mr[4] : NULL, R ? &mr[5] : NULL}, {Si - R, &mi[3], &mi[4], &mi[5]}},
+              ta[1] = {{cx->shape[1], &mt[0], &mt[1], &mt[2]}}, tm[1] = {{cx->shape[1], &mt[3], &mt[4], &mt[5]}};
+    const seg *iap = R ? ia : ia + 1, *imp = R ? im : im + 1;
+    const int ni = R ? 2 : 1;
+    enum { XM, CM, AX, AC, M2, FF, M2C, FFC, NT };
     fs_tensor t[NT] = {0};
-    fs_tp_split sq, sk, scq, sck;
     char p[64], nm[160];
     int rc;
-    fs_backend *be = c->be;
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
 #define N(suffix) fs_layer_name(nm, sizeof nm, "%s." suffix, p)
 
     TRY(fs_layer_block_enter(c, N("")));
-    TRY(norm_modulate(c, N("norm1"), x, ST_IMG, &mi[0], &mi[1], &t[XM]));
-    TRY(norm_modulate(c, N("norm1_context"), cx, ST_TXT, &mt[0], &mt[1], &t[CM]));
+    TRY(norm_modulate(c, N("norm1"), x, ST_IMG, iap, ni, &t[XM]));
+    TRY(norm_modulate(c, N("norm1_context"), cx, ST_TXT, ta, 1, &t[CM]));
 
-    /* attn = Flux2Attention with added (text) projections: _get_qkv_projections order */
-    TRY(fs_linear(c, &t[XM], N("attn.to_q"), ST_IMG, &t[Q], &sq));
-    TRY(fs_linear(c, &t[XM], N("attn.to_k"), ST_IMG, &t[K], &sk));
-    TRY(fs_linear(c, &t[XM], N("attn.to_v"), ST_IMG, &t[V], NULL));
-    TRY(fs_linear(c, &t[CM], N("attn.add_q_proj"), ST_TXT, &t[CQ], &scq));
-    TRY(fs_linear(c, &t[CM], N("attn.add_k_proj"), ST_TXT, &t[CK], &sck));
-    TRY(fs_linear(c, &t[CM], N("attn.add_v_proj"), ST_TXT, &t[CV], NULL));
-    TRY(fs_qk_norm(c, &t[Q], &sq, N("attn.norm_q"), ST_IMG, &t[NQ]));
-    TRY(fs_qk_norm(c, &t[K], &sk, N("attn.norm_k"), ST_IMG, &t[NK]));
-    TRY(fs_qk_norm(c, &t[CQ], &scq, N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
-    TRY(fs_qk_norm(c, &t[CK], &sck, N("attn.norm_added_k"), ST_TXT, &t[NCK]));
-    /* joint sequence text first, RoPE on q and k after the QK norm, as FLUX.1 */
-    TRY(fs_cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
-    TRY(fs_cat_seq(c, &t[NCK], &t[NK], &t[JK]));
-    TRY(fs_cat_seq(c, &t[CV], &t[V], &t[JV]));
-    TRY(fs_rope_inplace(c, &t[JQ], cos_t, sin_t));
-    TRY(fs_rope_inplace(c, &t[JK], cos_t, sin_t));
-    TRY(fs_sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
-    TRY(fs_slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
-    TRY(fs_slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
-    /* Flux2AttnProcessor applies to_add_out before to_out (unlike FLUX.1's order) */
-    TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, &t[AC], NULL));
-    TRY(fs_linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, &t[AX], NULL));
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
-    TRY(REC(&t[AX], ST_IMG, FS_TP_REPL, "%s.attn#0", p));        /* attn returns (image, text) */
-    TRY(REC(&t[AC], ST_TXT, FS_TP_REPL, "%s.attn#1", p));
+    /* attn = Flux2Attention with added (text) projections; Flux2AttnProcessor applies
+     * to_add_out before to_out (unlike FLUX.1's order) */
+    TRY(fs_joint_attention(c, p, &t[XM], &t[CM], cos_t, sin_t, 1, &t[AX], &t[AC]));
 
     /* image stream: gated attention residual, then norm2 → MLP on the updated x */
-    TRY(be->gated_add(be, x, &mi[2], &t[AX], c->e));
-    TRY(norm_modulate(c, N("norm2"), x, ST_IMG, &mi[3], &mi[4], &t[M2]));
+    TRY(gated_add_seg(c, x, iap, ni, &t[AX]));
+    TRY(norm_modulate(c, N("norm2"), x, ST_IMG, imp, ni, &t[M2]));
     TRY(feed_forward(c, &t[M2], N("ff"), ST_IMG, &t[FF]));
-    TRY(be->gated_add(be, x, &mi[5], &t[FF], c->e));
+    TRY(gated_add_seg(c, x, imp, ni, &t[FF]));
 
     /* text stream, the same with the text modulation and ff_context */
-    TRY(be->gated_add(be, cx, &mt[2], &t[AC], c->e));
-    TRY(norm_modulate(c, N("norm2_context"), cx, ST_TXT, &mt[3], &mt[4], &t[M2C]));
+    TRY(gated_add_seg(c, cx, ta, 1, &t[AC]));
+    TRY(norm_modulate(c, N("norm2_context"), cx, ST_TXT, tm, 1, &t[M2C]));
     TRY(feed_forward(c, &t[M2C], N("ff_context"), ST_TXT, &t[FFC]));
-    TRY(be->gated_add(be, cx, &mt[5], &t[FFC], c->e));
+    TRY(gated_add_seg(c, cx, tm, 1, &t[FFC]));
 
     TRY(REC(cx, ST_TXT, FS_TP_REPL, "%s#0", p)); /* the block returns (text, image) */
     TRY(REC(x, ST_IMG, FS_TP_REPL, "%s#1", p));
@@ -199,9 +200,17 @@ out:
 
 /* single_transformer_blocks.i — Flux2SingleTransformerBlock on the joint h [B,S,D] (text first),
  * updated in place; ms[3]: the single-stream (shift, scale, gate). */
-static int single_block(fs_layer_ctx *c, int i, fs_tensor *h, const fs_tensor *ms, const fs_tensor *cos_t,
-                        const fs_tensor *sin_t)
+static int single_block(fs_layer_ctx *c, int i, fs_tensor *h, const fs_tensor *ms, const fs_tensor *msr,
+                        const fs_tensor *cos_t, const fs_tensor *sin_t)
 {
+    /* token ranges: [text (ms); R reference tokens (msr); the image (ms)] */
+    const int64_t R = c->R, St = c->S_txt, Sj = h->shape[1];
+    const seg sg3[3] = {{St, &ms[0], &ms[1], &ms[2]},
+                        {R, R ? &msr[0] : NULL, R ? &msr[1] : NULL, R ? &msr[2] : NULL},
+                        {Sj - St - R, &ms[0], &ms[1], &ms[2]}},
+              sg1[1] = {{Sj, &ms[0], &ms[1], &ms[2]}};
+    const seg *sg = R ? sg3 : sg1;
+    const int nsg = R ? 3 : 1;
     enum { HM, QKVM, Q, K, V, MLPIN, NQ, NK, A, ACT, CAT, PO, NT };
     fs_tensor t[NT] = {0};
     char p[64], nm[160];
@@ -212,7 +221,7 @@ static int single_block(fs_layer_ctx *c, int i, fs_tensor *h, const fs_tensor *m
 #define N(suffix) fs_layer_name(nm, sizeof nm, "%s." suffix, p)
 
     TRY(fs_layer_block_enter(c, N("")));
-    TRY(norm_modulate(c, N("norm"), h, ST_JOINT, &ms[0], &ms[1], &t[HM]));
+    TRY(norm_modulate(c, N("norm"), h, ST_JOINT, sg, nsg, &t[HM]));
     TRY(fs_linear(c, &t[HM], N("attn.to_qkv_mlp_proj"), ST_JOINT, &t[QKVM], NULL));
 
     /* this rank's [q_t | k_t | v_t | gate_t | up_t]: every block split evenly (packed colwise),
@@ -245,7 +254,7 @@ static int single_block(fs_layer_ctx *c, int i, fs_tensor *h, const fs_tensor *m
     TRY(fs_layer_copy2d(c, (char *)t[CAT].data + (size_t)Dl * es, Dl + Fl, t[ACT].data, Fl, B * S, Fl));
     TRY(fs_linear(c, &t[CAT], N("attn.to_out"), ST_JOINT, &t[PO], NULL));
     TRY(REC(&t[PO], ST_JOINT, FS_TP_REPL, "%s.attn", p)); /* Flux2ParallelSelfAttention returns to_out's */
-    TRY(c->be->gated_add(c->be, h, &ms[2], &t[PO], c->e));
+    TRY(gated_add_seg(c, h, sg, nsg, &t[PO]));
     TRY(REC(h, ST_JOINT, FS_TP_REPL, "%s", p)); /* one tensor: split_hidden_states is False */
 #undef N
 out:
@@ -288,6 +297,28 @@ static int joint_table(fs_layer_ctx *c, const fs_tensor *txt, const fs_tensor *i
     return rc;
 }
 
+/* The reference time embedding's records (kv_cache_mode "extract"): the forward calls
+ * time_guidance_embed, double_stream_modulation_img and single_stream_modulation a second time,
+ * which the hooks name as each module's next call: `name@1`, and for time_proj (fired once per
+ * sinusoid: once, or twice with guidance, in the first call) `time_proj@(k + calls)`. */
+typedef struct ref_names {
+    fs_recorder inner;
+    int time_proj_calls;
+} ref_names;
+
+static int ref_record(void *ctx, const char *name, const fs_tensor *t, const fs_shard *sh, fs_err *e)
+{
+    const ref_names *r = ctx;
+    const char *hash = strchr(name, '#'), *end = hash ? hash : name + strlen(name), *at = NULL;
+    for (const char *q = name; q < end; q++)
+        if (*q == '@') at = q;
+    const int blen = (int)((at ? at : end) - name), k = at ? atoi(at + 1) : 0;
+    const int tp = blen >= 10 && !strncmp(name + blen - 10, ".time_proj", 10);
+    char nm[256];
+    snprintf(nm, sizeof nm, "%.*s@%d%s", blen, name, k + (tp ? r->time_proj_calls : 1), hash ? hash : "");
+    return r->inner.fn(r->inner.ctx, nm, t, sh, e);
+}
+
 int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs_tensor *encoder_hidden_states,
                      const double *timestep, const double *guidance, const fs_tensor *img_ids,
                      const fs_tensor *txt_ids, fs_tensor *out, fs_err *e)
@@ -307,8 +338,20 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     if (cf->guidance_embeds && !guidance)
         return fs_errf(e, FS_E_INPUT, "config has guidance_embeds=true but no guidance value was given");
 
-    enum { X, TEMB, CX, COS, SIN, H, Y, NT };
-    fs_tensor t[NT] = {0}, mi[6] = {0}, mt[6] = {0}, ms[3] = {0};
+    /* the KV cache: extract (step 0: the first R image tokens are the reference's) or cached */
+    fs_kv_cache *kv = m->kv && m->kv->mode != FS_KV_OFF ? m->kv : NULL;
+    const int extract = kv && kv->mode == FS_KV_EXTRACT;
+    c->R = extract ? kv->R : 0;
+    if (extract && m->par && m->par->sp > 1) { /* this rank's reference tokens: the first of its image stream */
+        const int64_t lo = m->par->img_lo[m->par->sp_rank], r = kv->R - lo;
+        c->R = r < 0 ? 0 : (int)r;
+    }
+    c->kv_layer = -1;
+    if (c->R >= c->S_img)
+        return fs_errf(e, FS_E_INTERNAL, "kv extract: %d image tokens, %d of them reference", c->S_img, c->R);
+
+    enum { X, TEMB, CX, COS, SIN, H, Y, RTEMB, NT };
+    fs_tensor t[NT] = {0}, mi[6] = {0}, mt[6] = {0}, ms[3] = {0}, mr[6] = {0}, msr[3] = {0};
     fs_tensor ic = {0}, is = {0}, tc = {0}, ts = {0};
     int rc;
 
@@ -317,6 +360,20 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     TRY(modulation(c, "double_stream_modulation_img", &t[TEMB], 2, mi));
     TRY(modulation(c, "double_stream_modulation_txt", &t[TEMB], 2, mt));
     TRY(modulation(c, "single_stream_modulation", &t[TEMB], 1, ms));
+    if (extract) { /* on every rank, whether or not it holds reference tokens (the records are collective) */
+        /* the reference tokens' modulation: time_guidance_embed(full_like(timestep, 0), guidance)
+         * (ref_fixed_timestep 0, as Flux2KleinKVPipeline calls it), its image and single-stream
+         * modulations; recorded as those modules' second calls */
+        fs_model mref = *m;
+        ref_names rn = {.inner = m->rec, .time_proj_calls = cf->guidance_embeds ? 2 : 1};
+        if (m->rec.fn) mref.rec = (fs_recorder){.fn = ref_record, .ctx = &rn};
+        fs_layer_ctx rctx = *c;
+        rctx.m = &mref;
+        const double zero[64] = {0}; /* B <= 64 (fs_time_guidance) */
+        TRY(time_guidance_embed(&rctx, zero, cf->guidance_embeds ? guidance : NULL, &t[RTEMB]));
+        TRY(modulation(&rctx, "double_stream_modulation_img", &t[RTEMB], 2, mr));
+        TRY(modulation(&rctx, "single_stream_modulation", &t[RTEMB], 1, msr));
+    }
     /* 2. input projections */
     TRY(fs_linear(c, hidden_states, "x_embedder", ST_IMG, &t[X], NULL));
     TRY(fs_linear(c, encoder_hidden_states, "context_embedder", ST_TXT, &t[CX], NULL));
@@ -330,17 +387,22 @@ int fs_flux2_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
 #define PROGRESS(done) \
     if (m->on_block) m->on_block(m->on_block_ctx, m->step, (done), nblk)
     for (int i = 0; i < cf->num_layers; i++) {
-        TRY(double_block(c, i, &t[X], &t[CX], mi, mt, &t[COS], &t[SIN]));
+        c->kv_layer = kv ? i : -1;
+        TRY(double_block(c, i, &t[X], &t[CX], mi, mt, mr, &t[COS], &t[SIN]));
         PROGRESS(i + 1);
     }
     TRY(fs_cat_seq(c, &t[CX], &t[X], &t[H]));
     for (int i = 0; i < cf->num_single_layers; i++) {
-        TRY(single_block(c, i, &t[H], ms, &t[COS], &t[SIN]));
+        c->kv_layer = kv ? cf->num_layers + i : -1;
+        TRY(single_block(c, i, &t[H], ms, msr, &t[COS], &t[SIN]));
         PROGRESS(cf->num_layers + i + 1);
     }
+    c->kv_layer = -1;
 #undef PROGRESS
     fs_tensor_free(&t[X]);
-    TRY(fs_slice_seq(c, &t[H], c->S_txt, c->S_img, &t[X]));
+    /* the text tokens and (extract) the reference tokens removed */
+    TRY(fs_slice_seq(c, &t[H], c->S_txt + c->R, c->S_img - c->R, &t[X]));
+    c->kv_out = extract;
 
     /* 7. output layers: AdaLayerNormContinuous (no bias) and proj_out, as FLUX.1's */
     TRY(fs_ada_layer_norm_continuous(c, &t[X], &t[TEMB], &t[Y]));
@@ -350,6 +412,8 @@ out:
     fs_layer_free_all(mi, 6);
     fs_layer_free_all(mt, 6);
     fs_layer_free_all(ms, 3);
+    fs_layer_free_all(mr, 6);
+    fs_layer_free_all(msr, 3);
     fs_tensor_free(&ic);
     fs_tensor_free(&is);
     fs_tensor_free(&tc);

@@ -28,6 +28,13 @@ typedef struct fs_inputs {
     fs_tensor negative_encoder_hidden_states; /* [B, S_neg, joint_attention_dim], run dtype */
     fs_tensor negative_pooled_projections;    /* [B, pooled_projection_dim] (FLUX.1; FLUX.2: empty) */
     fs_tensor negative_txt_ids;               /* [S_neg, axes], float64 */
+    /* FLUX.2 reference images through the KV cache (Flux2KleinKVPipeline): the packed reference
+     * latents and their ids (_prepare_image_ids: (10·(i+1), row, col, 0) for image i). Step 0 runs
+     * the transformer on [reference; noise] in kv_cache_mode "extract", the later steps on the
+     * noise alone in "cached" mode. S_ref 0: none (both tensors empty). */
+    int S_ref;
+    fs_tensor image_latents;                  /* [B, S_ref, in_channels], run dtype */
+    fs_tensor image_latent_ids;               /* [S_ref, axes], float64 */
 } fs_inputs;
 
 /* Allocates every tensor for B, S_img, S_txt, n_steps (zero-filled); frees all on failure. */
@@ -40,6 +47,8 @@ void fs_inputs_free(fs_inputs *in);
 int fs_inputs_convert(fs_inputs *in, fs_dtype dt, fs_err *e);
 /* Allocates the negative-prompt tensors for true CFG (zero-filled) and sets the scale. */
 int fs_inputs_alloc_negative(fs_inputs *in, const fs_config *c, fs_dtype dt, int S_neg, double scale, fs_err *e);
+/* Allocates the reference-image tensors for the KV cache (zero-filled). */
+int fs_inputs_alloc_ref(fs_inputs *in, const fs_config *c, fs_dtype dt, int S_ref, fs_err *e);
 /* A deep copy of src (same dtypes). */
 int fs_inputs_copy(fs_inputs *dst, const fs_inputs *src, fs_err *e);
 

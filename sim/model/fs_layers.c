@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Every LayerNorm in FLUX has no affine and eps 1e-6, the QK RMSNorm too (FluxAttention's default
@@ -71,9 +72,13 @@ static void make_shard(const fs_layer_ctx *c, const fs_tensor *t, int stream, in
             d->iv[d->n++][1] = p->txt_hi[q];
         }
         if (stream == ST_IMG || stream == ST_JOINT) {
-            int64_t off = stream == ST_JOINT ? p->S_txt : 0;
-            d->iv[d->n][0] = off + p->img_lo[q];
-            d->iv[d->n++][1] = off + p->img_hi[q];
+            int64_t off = stream == ST_JOINT ? p->S_txt : 0, lo = p->img_lo[q], hi = p->img_hi[q];
+            if (c->kv_out) { /* the KV cache's step 0 after the blocks: the noise tokens of [reference; noise] */
+                const int64_t R = c->m->kv->R;
+                lo = (lo > R ? lo : R) - R, hi -= R;
+            }
+            d->iv[d->n][0] = off + lo;
+            d->iv[d->n++][1] = off + hi;
         }
     }
     /* replicated text through ring attention: each ring rank merges its text queries' partials in
@@ -531,6 +536,90 @@ out:
     return rc;
 }
 
+int fs_time_guidance(fs_layer_ctx *c, const char *name, const double *timestep, const double *guidance, fs_tensor *temb)
+{
+    const int B = c->B;
+    double t[64], g[64];
+    fs_tensor tp = {0}, te = {0}, gp = {0}, ge = {0}, tc = {0}, gc = {0};
+    char nm[160];
+    int rc = FS_OK;
+    if (B > 64) return fs_errf(c->e, FS_E_INPUT, "batch %d > 64 not supported", B);
+    /* gotcha 1: the transformer multiplies timestep AND guidance by 1000, in the model dtype */
+    for (int b = 0; b < B; b++) {
+        t[b] = fs_layer_embedded_scalar(c, timestep[b]);
+        if (guidance) g[b] = fs_layer_embedded_scalar(c, guidance[b]);
+    }
+    const fs_tensor *in;
+    TRY(fs_layer_time_proj(c, t, &tp));
+    TRY(REC(&tp, ST_REP, FS_TP_REPL, "%s.time_proj", name));
+    TRY(fs_layer_to_run_dtype(c, &tp, &tc, &in));
+    TRY(fs_mlp_embedder(c, in, fs_layer_name(nm, sizeof nm, "%s.timestep_embedder", name), "act", &te));
+    if (guidance) {
+        /* gotcha 3: the same time_proj module fires a second time */
+        TRY(fs_layer_time_proj(c, g, &gp));
+        TRY(REC(&gp, ST_REP, FS_TP_REPL, "%s.time_proj@1", name));
+        TRY(fs_layer_to_run_dtype(c, &gp, &gc, &in));
+        TRY(fs_mlp_embedder(c, in, fs_layer_name(nm, sizeof nm, "%s.guidance_embedder", name), "act", &ge));
+        TRY(fs_layer_new_like(c, temb, &te));
+        TRY(c->be->add(c->be, temb, &te, &ge, c->e));
+    } else {
+        *temb = te;
+        te = (fs_tensor){0};
+    }
+out:
+    fs_tensor_free(&tp);
+    fs_tensor_free(&te);
+    fs_tensor_free(&gp);
+    fs_tensor_free(&ge);
+    fs_tensor_free(&tc);
+    fs_tensor_free(&gc);
+    return rc;
+}
+
+int fs_joint_attention(fs_layer_ctx *c, const char *p, const fs_tensor *xm, const fs_tensor *cm, const fs_tensor *cos_t,
+                       const fs_tensor *sin_t, int add_out_first, fs_tensor *ax, fs_tensor *ac)
+{
+    enum { Q, K, V, CQ, CK, CV, NQ, NK, NCQ, NCK, JQ, JK, JV, O, OX, OC, NT };
+    fs_tensor t[NT] = {0};
+    fs_tp_split sq, sk, scq, sck;
+    char nm[160];
+    int rc;
+#define N(suffix) fs_layer_name(nm, sizeof nm, "%s." suffix, p)
+    TRY(fs_linear(c, xm, N("attn.to_q"), ST_IMG, &t[Q], &sq));
+    TRY(fs_linear(c, xm, N("attn.to_k"), ST_IMG, &t[K], &sk));
+    TRY(fs_linear(c, xm, N("attn.to_v"), ST_IMG, &t[V], NULL));
+    TRY(fs_linear(c, cm, N("attn.add_q_proj"), ST_TXT, &t[CQ], &scq));
+    TRY(fs_linear(c, cm, N("attn.add_k_proj"), ST_TXT, &t[CK], &sck));
+    TRY(fs_linear(c, cm, N("attn.add_v_proj"), ST_TXT, &t[CV], NULL));
+    TRY(fs_qk_norm(c, &t[Q], &sq, N("attn.norm_q"), ST_IMG, &t[NQ]));
+    TRY(fs_qk_norm(c, &t[K], &sk, N("attn.norm_k"), ST_IMG, &t[NK]));
+    TRY(fs_qk_norm(c, &t[CQ], &scq, N("attn.norm_added_q"), ST_TXT, &t[NCQ]));
+    TRY(fs_qk_norm(c, &t[CK], &sck, N("attn.norm_added_k"), ST_TXT, &t[NCK]));
+    /* gotcha 4: joint sequence is text first; RoPE after the QK norm, on q and k only (gotcha 6) */
+    TRY(fs_cat_seq(c, &t[NCQ], &t[NQ], &t[JQ]));
+    TRY(fs_cat_seq(c, &t[NCK], &t[NK], &t[JK]));
+    TRY(fs_cat_seq(c, &t[CV], &t[V], &t[JV]));
+    TRY(fs_rope_inplace(c, &t[JQ], cos_t, sin_t));
+    TRY(fs_rope_inplace(c, &t[JK], cos_t, sin_t));
+    TRY(fs_sdpa(c, &t[JQ], &t[JK], &t[JV], &t[O]));
+    TRY(fs_slice_seq(c, &t[O], 0, c->S_txt, &t[OC]));
+    TRY(fs_slice_seq(c, &t[O], c->S_txt, c->S_img, &t[OX]));
+    if (add_out_first) TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, ac, NULL));
+    TRY(fs_linear(c, &t[OX], N("attn.to_out.0"), ST_IMG, ax, NULL));
+    TRY(REC(ax, ST_IMG, FS_TP_REPL, "%s.attn.to_out.1", p)); /* Dropout(p=0): identity */
+    if (!add_out_first) TRY(fs_linear(c, &t[OC], N("attn.to_add_out"), ST_TXT, ac, NULL));
+    TRY(REC(ax, ST_IMG, FS_TP_REPL, "%s.attn#0", p)); /* gotcha 5: attn returns (image, text) */
+    TRY(REC(ac, ST_TXT, FS_TP_REPL, "%s.attn#1", p));
+#undef N
+out:
+    fs_layer_free_all(t, NT);
+    if (rc) {
+        fs_tensor_free(ax);
+        fs_tensor_free(ac);
+    }
+    return rc;
+}
+
 /* Flux2SwiGLU (`name` = its path, e.g. "transformer_blocks.0.ff.act_fn"): x [B,S,2·Fl] is this
  * rank's [gate | up] (linear_in's packed columns keep the halves rank by rank), y = silu(gate)·up
  * [B,S,Fl]. Records gate_fn (the SiLU submodule) and the module. `sp`: the producing Linear's
@@ -556,6 +645,132 @@ out:
 }
 
 /* SDPA over the joint sequence: q, k, v [B,S,D] viewed as [B,S,H,Dh] (head-major columns). */
+/* Rows [r0, r0 + n) of a [B, S, W] tensor x copied to/from rows [d0, d0 + n) of y [B, Sy, W]. */
+static int copy_rows(fs_layer_ctx *c, fs_tensor *y, int64_t d0, const fs_tensor *x, int64_t r0, int64_t n)
+{
+    const int64_t B = x->shape[0], S = x->shape[1], Sy = y->shape[1], W = fs_tensor_numel(x) / (B * S);
+    const size_t es = fs_dtype_size(c->dt);
+    return fs_layer_copy2d(c, (char *)y->data + (size_t)(d0 * W) * es, Sy * W, (const char *)x->data + (size_t)(r0 * W) * es,
+                           S * W, B, n * W);
+}
+
+/* The KV-cache attention under Ulysses (ring 1): q, k, v to every token of this member's head
+ * block (member w's chunk at toff[w]: its text tokens, then its image-stream tokens, the first R
+ * of the image stream the reference's). Extract: every query over every key, then the reference
+ * queries' rows again over the reference keys alone (the reference tokens' pieces, in token
+ * order, are also what the block's cache keeps: R tokens of this head block); cached: the keys
+ * and values are the gathered ones followed by the cached reference's. Then back to tokens. The
+ * keys are in another order than one rank's, the softmax the same. */
+static int kv_attention_ulysses(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v)
+{
+    fs_kv_cache *kv = c->m->kv;
+    const fs_par *p = c->par;
+    enum { QU, KU, VU, OU, QR, OR, KA, VA, NT };
+    fs_tensor t[NT] = {0};
+    fs_uly_plan u = {0};
+    const double scale = 1.0 / sqrt((double)c->Dh);
+    const int64_t R = kv->R;
+    fs_tensor *ck = &kv->k[c->kv_layer], *cv = &kv->v[c->kv_layer];
+    int rc = FS_OK;
+    if (p->ring > 1) return fs_errf(c->e, FS_E_INPUT, "the FLUX.2 KV cache runs under Ulysses, not ring attention");
+    TRY(fs_uly_plan_make(p, &u, c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, q, &t[QU], c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, k, &t[KU], c->e));
+    TRY(fs_seqpar_uly_to_heads(p, c->be, v, &t[VU], c->e));
+    const int64_t B = t[QU].shape[0], hb = t[QU].shape[2], Dh = t[QU].shape[3];
+    TRY(fs_layer_new_like(c, &t[OU], &t[QU]));
+    if (kv->mode == FS_KV_EXTRACT) {
+        TRY(c->be->attention(c->be, &t[OU], NULL, &t[QU], &t[KU], &t[VU], scale, c->e));
+        fs_tensor_free(ck);
+        fs_tensor_free(cv);
+        const int64_t s4[4] = {B, R, hb, Dh};
+        TRY(fs_layer_new(c, &t[QR], 4, s4));
+        TRY(fs_layer_new(c, ck, 4, s4));
+        TRY(fs_layer_new(c, cv, 4, s4));
+        for (int w = 0; w < u.U; w++) { /* member w's reference tokens: image-stream tokens [lo, hi) ∩ [0, R) */
+            const int64_t lo = p->img_lo[w], hi = p->img_hi[w] < R ? p->img_hi[w] : R, at = u.toff[w] + fs_par_txt_n(p, w);
+            if (lo >= hi) continue;
+            TRY(copy_rows(c, &t[QR], lo, &t[QU], at, hi - lo));
+            TRY(copy_rows(c, ck, lo, &t[KU], at, hi - lo)); /* after RoPE: fs_sdpa's callers rotate first */
+            TRY(copy_rows(c, cv, lo, &t[VU], at, hi - lo));
+        }
+        TRY(fs_layer_new_like(c, &t[OR], &t[QR]));
+        TRY(c->be->attention(c->be, &t[OR], NULL, &t[QR], ck, cv, scale, c->e));
+        for (int w = 0; w < u.U; w++) {
+            const int64_t lo = p->img_lo[w], hi = p->img_hi[w] < R ? p->img_hi[w] : R, at = u.toff[w] + fs_par_txt_n(p, w);
+            if (lo < hi) TRY(copy_rows(c, &t[OU], at, &t[OR], lo, hi - lo));
+        }
+    } else {
+        if (!ck->data) TRY(fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d used before it was extracted", c->kv_layer));
+        TRY(fs_cat_seq(c, &t[KU], ck, &t[KA]));
+        TRY(fs_cat_seq(c, &t[VU], cv, &t[VA]));
+        TRY(c->be->attention(c->be, &t[OU], NULL, &t[QU], &t[KA], &t[VA], scale, c->e));
+    }
+    TRY(fs_seqpar_uly_to_tokens(p, c->be, &t[OU], o, c->e));
+out:
+    fs_uly_plan_free(&u);
+    fs_layer_free_all(t, NT);
+    return rc;
+}
+
+/* FLUX.2's KV-cache attention (_flux2_kv_causal_attention in transformer_flux2.py), q, k, v
+ * [B, S, Hl, Dh] of the joint sequence, text first. Extract: the sequence is [text, R reference,
+ * image]; the reference tokens' K, V are stored in the block's cache slot, text and image
+ * queries attend to every key, reference queries to the reference keys only, and the outputs
+ * go back in sequence order. Cached: the sequence is [text, image] and the keys and values are
+ * [text, cached reference, image]. Each query's softmax runs over the same keys in the same
+ * order as diffusers' calls: the rows are the ones torch computes. Under Ulysses:
+ * kv_attention_ulysses. */
+static int kv_attention(fs_layer_ctx *c, fs_tensor *o, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v)
+{
+    fs_kv_cache *kv = c->m->kv;
+    enum { QT, QI, QTI, KA, VA, OTI, QR, KR, VR, OR, OT, OI, NT };
+    fs_tensor t[NT] = {0};
+    const double scale = 1.0 / sqrt((double)c->Dh);
+    const int64_t St = c->S_txt, R = kv->R, S = q->shape[1];
+    int rc = FS_OK;
+    if (c->kv_layer >= kv->n) return fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d of %d", c->kv_layer, kv->n);
+    if (c->par && c->par->sp > 1) return kv_attention_ulysses(c, o, q, k, v);
+    fs_tensor *ck = &kv->k[c->kv_layer], *cv = &kv->v[c->kv_layer];
+    if (kv->mode == FS_KV_EXTRACT) {
+        fs_tensor_free(ck);
+        fs_tensor_free(cv);
+        TRY(fs_slice_seq(c, k, St, R, ck)); /* key[:, ref_start:ref_end].clone(), after RoPE */
+        TRY(fs_slice_seq(c, v, St, R, cv));
+        TRY(fs_slice_seq(c, q, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, q, St + R, S - St - R, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], &t[QI], &t[QTI]));
+        TRY(fs_layer_new_like(c, &t[OTI], &t[QTI]));
+        TRY(c->be->attention(c->be, &t[OTI], NULL, &t[QTI], k, v, scale, c->e));
+        TRY(fs_slice_seq(c, q, St, R, &t[QR]));
+        TRY(fs_layer_new_like(c, &t[OR], &t[QR]));
+        TRY(c->be->attention(c->be, &t[OR], NULL, &t[QR], ck, cv, scale, c->e));
+        /* torch.cat([attn_txt, attn_ref, attn_img], dim=1) */
+        const size_t es = fs_dtype_size(c->dt);
+        const int64_t W = fs_tensor_numel(q) / (q->shape[0] * S), B = q->shape[0];
+        TRY(fs_layer_copy2d(c, o->data, S * W, t[OTI].data, (S - R) * W, B, St * W));
+        TRY(fs_layer_copy2d(c, (char *)o->data + (size_t)(St * W) * es, S * W, t[OR].data, R * W, B, R * W));
+        TRY(fs_layer_copy2d(c, (char *)o->data + (size_t)((St + R) * W) * es, S * W,
+                            (const char *)t[OTI].data + (size_t)(St * W) * es, (S - R) * W, B, (S - St - R) * W));
+    } else {
+        if (!ck->data) TRY(fs_errf(c->e, FS_E_INTERNAL, "kv cache: block %d used before it was extracted", c->kv_layer));
+        /* torch.cat([key[:, :num_txt], k_ref, key[:, num_txt:]], dim=1), the same for value */
+        TRY(fs_slice_seq(c, k, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, k, St, S - St, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], ck, &t[QTI]));
+        TRY(fs_cat_seq(c, &t[QTI], &t[QI], &t[KA]));
+        fs_layer_free_all(t, 3);
+        TRY(fs_slice_seq(c, v, 0, St, &t[QT]));
+        TRY(fs_slice_seq(c, v, St, S - St, &t[QI]));
+        TRY(fs_cat_seq(c, &t[QT], cv, &t[QTI]));
+        TRY(fs_cat_seq(c, &t[QTI], &t[QI], &t[VA]));
+        TRY(c->be->attention(c->be, o, NULL, q, &t[KA], &t[VA], scale, c->e));
+    }
+out:
+    fs_layer_free_all(t, NT);
+    return rc;
+}
+
 int fs_sdpa(fs_layer_ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_tensor *v, fs_tensor *o)
 {
     /* q, k may be [B,S,Hl,Dh] (after the QK norm) and v [B,S,Hl·Dh]: compare features per token */
@@ -570,6 +785,11 @@ int fs_sdpa(fs_layer_ctx *c, const fs_tensor *q, const fs_tensor *k, const fs_te
     if (rc) return rc;
     fs_tensor q4 = fs_tensor_reshape(q, 4, s4), k4 = fs_tensor_reshape(k, 4, s4), v4 = fs_tensor_reshape(v, 4, s4);
     fs_tensor o4 = fs_tensor_reshape(o, 4, s4);
+    if (c->m->kv && c->m->kv->mode != FS_KV_OFF && c->kv_layer >= 0) {
+        rc = kv_attention(c, &o4, &q4, &k4, &v4);
+        if (rc) fs_tensor_free(o);
+        return rc;
+    }
     if (c->par && c->par->sp > 1) return fs_seqpar_attention(c->par, c->be, &o4, &q4, &k4, &v4, c->e);
     return c->be->attention(c->be, &o4, NULL, &q4, &k4, &v4, 1.0 / sqrt((double)c->Dh), c->e);
 }
@@ -624,3 +844,29 @@ int fs_model_forward(const fs_model *m, const fs_tensor *hidden_states, const fs
     return fs_flux1_forward(m, hidden_states, encoder_hidden_states, pooled, timestep, guidance, img_ids, txt_ids, out, e);
 }
 
+
+/* ---------------------------------------------------------------- FLUX.2 KV cache */
+
+int fs_kv_cache_init(fs_kv_cache *kv, const fs_config *c, int R, fs_err *e)
+{
+    memset(kv, 0, sizeof *kv);
+    kv->R = R;
+    kv->n = c->num_layers + c->num_single_layers;
+    kv->k = calloc((size_t)(kv->n ? kv->n : 1), sizeof *kv->k);
+    kv->v = calloc((size_t)(kv->n ? kv->n : 1), sizeof *kv->v);
+    if (!kv->k || !kv->v) {
+        fs_kv_cache_free(kv);
+        return fs_errf(e, FS_E_NOMEM, "out of memory for the KV cache");
+    }
+    return FS_OK;
+}
+
+void fs_kv_cache_free(fs_kv_cache *kv)
+{
+    if (!kv) return;
+    for (int i = 0; i < kv->n && kv->k; i++) fs_tensor_free(&kv->k[i]);
+    for (int i = 0; i < kv->n && kv->v; i++) fs_tensor_free(&kv->v[i]);
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}

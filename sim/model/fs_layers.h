@@ -29,6 +29,9 @@ typedef struct fs_layer_ctx {
     int B, S_img, S_txt, S, D, H, Dh; /* S_* are this rank's LOCAL token counts */
     int tp, tp_rank;
     fs_weights blk; /* streaming: the current block's parameters, in be's memory */
+    int kv_layer;   /* m->kv on: the cache slot of the block being computed (fs_sdpa); -1 none */
+    int R;          /* reference tokens in this call's image stream (kv extract; this rank's), else 0 */
+    int kv_out;     /* kv extract, after the blocks: image records are the noise tokens (make_shard) */
     char blk_prefix[64];
     fs_err *e;
 } fs_layer_ctx;
@@ -154,6 +157,21 @@ int fs_qk_norm(fs_layer_ctx *c, const fs_tensor *x, const fs_tp_split *proj, con
 /* FeedForward(D, D, "gelu-approximate"): net.0 = GELU(proj) (net.0.proj, net.0), net.1 Dropout(0),
  * net.2 Linear. Records all five hooks; *y is net.2's output (= the module's). */
 int fs_feed_forward(fs_layer_ctx *c, const fs_tensor *x, const char *name, int stream, fs_tensor *y);
+
+/* The timestep (+ guidance) part of both families' time embedding, under `name`
+ * (time_text_embed, time_guidance_embed): timestep and guidance ×1000 as the transformer embeds
+ * them, time_proj → timestep_embedder, then (guidance != NULL) time_proj@1 → guidance_embedder,
+ * and *temb = their sum (not recorded: FLUX.1 adds its pooled-text embedding first). */
+int fs_time_guidance(fs_layer_ctx *c, const char *name, const double *timestep, const double *guidance, fs_tensor *temb);
+
+/* The joint attention of a double block, FluxAttention / Flux2Attention with added (text)
+ * projections (`p` = the block's path): q, k, v of the modulated image xm and text cm (their
+ * QK norms), the joint sequence text first with RoPE on q and k, SDPA, split, and the output
+ * projections: *ax = attn.to_out.0 (image), *ac = attn.to_add_out (text). Records to_q ..
+ * norm_added_k, the two projections in firing order (FLUX.2's processor runs to_add_out first:
+ * add_out_first), to_out.1, attn#0 (image), attn#1 (text). */
+int fs_joint_attention(fs_layer_ctx *c, const char *p, const fs_tensor *xm, const fs_tensor *cm, const fs_tensor *cos_t,
+                       const fs_tensor *sin_t, int add_out_first, fs_tensor *ax, fs_tensor *ac);
 
 /* Flux2SwiGLU on x [B,S,2·Fl] = [gate | up] (this rank's features): silu(gate)·up, recording
  * "<name>.gate_fn" and "<name>"; `f` is the sharding of the Fl output features. */

@@ -13,6 +13,24 @@
 #include "fs_record.h"
 #include "fs_weights.h"
 
+/* FLUX.2's KV cache for reference images (diffusers Flux2KVCache, kv_cache_mode of
+ * Flux2Transformer2DModel.forward, Flux2KleinKVPipeline). In "extract" mode (step 0) the image
+ * tokens given to the forward are [R reference tokens; the noise]: the reference tokens are
+ * modulated with a second time embedding at ref_fixed_timestep = 0 (time_guidance_embed@1,
+ * double_stream_modulation_img@1, single_stream_modulation@1), attend only to themselves while
+ * text and image tokens attend to all, and each block stores their K and V after RoPE; the output
+ * leaves them out. In "cached" mode (later steps) the forward gets the noise alone and every
+ * block's attention takes its stored K, V between the text's and the image's. */
+enum { FS_KV_OFF = 0, FS_KV_EXTRACT, FS_KV_CACHED };
+typedef struct fs_kv_cache {
+    int mode;         /* FS_KV_* */
+    int R;            /* reference tokens */
+    int n;            /* blocks: the double ones, then the single ones */
+    fs_tensor *k, *v; /* [n]: [B, R, H_local, Dh] each, in the backend's memory (this rank's heads) */
+} fs_kv_cache;
+int fs_kv_cache_init(fs_kv_cache *kv, const fs_config *c, int R, fs_err *e);
+void fs_kv_cache_free(fs_kv_cache *kv);
+
 typedef struct fs_model {
     fs_config cfg;
     fs_dtype dtype;
@@ -35,6 +53,7 @@ typedef struct fs_model {
      * single), for progress reports (fs_progress.h); NULL: none */
     void (*on_block)(void *ctx, int step, int done, int total);
     void *on_block_ctx;
+    fs_kv_cache *kv;   /* FLUX.2 reference images (NULL or mode FS_KV_OFF: none); set by fs_sample */
 } fs_model;
 
 /* One transformer call. hidden_states [B,S_img,in_ch], encoder_hidden_states [B,S_txt,joint],

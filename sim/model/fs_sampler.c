@@ -61,6 +61,15 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
         if (c->family == FS_FLUX2)
             for (int l = 0; l < Sn; l++) ((double *)in->negative_txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     }
+    if (p->ref_h > 0 && p->ref_w > 0) { /* one reference image: t = scale + scale·0 = 10 */
+        if ((rc = fs_inputs_alloc_ref(in, c, dt, p->ref_h * p->ref_w, e))) goto fail;
+        fill_normal(&in->image_latents, p->seed, "inputs.image_latents");
+        for (int r = 0; r < p->ref_h; r++)
+            for (int col = 0; col < p->ref_w; col++) {
+                double *id = (double *)in->image_latent_ids.data + (size_t)(r * p->ref_w + col) * nax;
+                id[0] = 10, id[1] = r, id[2] = col;
+            }
+    }
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;
 fail:
@@ -269,17 +278,19 @@ static int cfg_exchange(const fs_par *p, fs_backend *be, const fs_tensor *mine, 
     return rc;
 }
 
-/* Local [B, n_q, C] image-token blocks of the SP group → global [B, S_img, C] on every rank. */
-static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, fs_tensor *global, fs_err *e)
+/* Local [B, hi_q - lo_q, C] token blocks of the SP group → global [B, S, C] on every rank (block q
+ * at tokens [lo_q, hi_q)). */
+static int gather_tokens(const fs_par *p, fs_backend *be, const fs_tensor *local, const int64_t *lo, const int64_t *hi,
+                         int64_t S, fs_tensor *global, fs_err *e)
 {
     const int64_t B = local->shape[0], C = local->shape[2];
     const size_t es = fs_dtype_size(local->dtype);
-    int64_t shape[3] = {B, p->S_img, C};
+    int64_t shape[3] = {B, S, C};
     fs_tensor tmp = {0};
     int64_t *cnt = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *dsp = cnt ? cnt + p->sp : NULL, off = 0;
     if (!cnt) return fs_errf(e, FS_E_NOMEM, "out of memory");
     for (int q = 0; q < p->sp; q++) {
-        cnt[q] = B * fs_par_img_n(p, q) * C;
+        cnt[q] = B * (hi[q] - lo[q]) * C;
         dsp[q] = off;
         off += cnt[q];
     }
@@ -288,9 +299,9 @@ static int gather_image_tokens(const fs_par *p, fs_backend *be, const fs_tensor 
         (rc = fs_tensor_alloc_on(&tmp, be, local->dtype, 3, shape, e)) ||
         (rc = fs_allgatherv_t(&p->g_sp, local, &tmp, cnt, dsp, e)))
         goto out;
-    for (int q = 0; q < p->sp; q++) { /* block q is [B, n_q, C]: batch b's rows go to img_lo[q] */
-        const size_t w = (size_t)(fs_par_img_n(p, q) * C) * es;
-        if ((rc = be->copy2d(be, (char *)global->data + (size_t)(p->img_lo[q] * C) * es, (size_t)(p->S_img * C) * es,
+    for (int q = 0; q < p->sp; q++) { /* block q is [B, n_q, C]: batch b's rows go to lo[q] */
+        const size_t w = (size_t)((hi[q] - lo[q]) * C) * es;
+        if ((rc = be->copy2d(be, (char *)global->data + (size_t)(lo[q] * C) * es, (size_t)(S * C) * es,
                              (const char *)tmp.data + (size_t)dsp[q] * es, w, w, (size_t)B, e)))
             goto out;
     }
@@ -448,6 +459,9 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
     const int split = p && p->sp > 1;
     fs_backend *be = m->be;
     fs_tensor lat = {0}, ehs = {0}, pooled = {0}, iid = {0}, tid = {0}, nehs = {0}, npooled = {0}, ntid = {0};
+    fs_tensor rlat = {0}, rnoise = {0}, rid = {0}; /* KV cache: step 0's reference and noise rows, their ids */
+    fs_kv_cache kv = {0};
+    fs_par par0 = {0};
     cfg_names names = {.inner = m->rec};
     cfg_buffer kept = {0};
     const int cfg = in->true_cfg_scale > 0;
@@ -490,6 +504,43 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
                   (rc = fs_tensor_upload(&npooled, &in->negative_pooled_projections, e)))) ||
                 (rc = slice_ids(&in->negative_txt_ids, txt_local ? 0 : nlo, (txt_local ? 0 : nlo) + (nhi - nlo), &ntid, e))))
         goto out;
+    /* FLUX.2 reference images (Flux2KleinKVPipeline): step 0 extracts the KV cache from
+     * [reference; noise], the later steps use it */
+    /* Under Ulysses step 0's image stream, [reference; noise], is partitioned on its own (par0):
+     * rank q computes its tokens [lo', hi') of it, and the velocities of its noise tokens are
+     * gathered and re-split to the noise's partition after the call. */
+    const int64_t R = in->S_ref;
+    if (R > 0) {
+        if (m->cfg.family != FS_FLUX2 || cfg || (split && p->ring > 1)) {
+            rc = fs_errf(e, FS_E_INPUT, "reference images (the KV cache) run on FLUX.2, on one rank, under TP or Ulysses, "
+                                        "without true CFG");
+            goto out;
+        }
+        if (split) {
+            par0 = *p;
+            par0.txt_lo = NULL; /* fs_par_set_seq allocates par0's own partition */
+            if ((rc = fs_par_set_seq(&par0, in->S_txt, (int)(R + in->S_img), e))) goto out;
+            if (par0.img_hi[0] <= R) {
+                rc = fs_errf(e, FS_E_INPUT, "reference images under --ulysses %d: sequence-parallel rank 0 would hold only "
+                                            "reference tokens at step 0 (%lld of %lld + %d image tokens); use fewer ranks or "
+                                            "a smaller reference",
+                             p->ulysses, (long long)par0.img_hi[0], (long long)R, in->S_img);
+                goto out;
+            }
+        }
+        const int64_t A = in->img_ids.shape[1], lo0 = split ? par0.img_lo[q] : 0, hi0 = split ? par0.img_hi[q] : R + in->S_img;
+        fs_tensor all = {0};
+        if ((rc = fs_tensor_alloc2(&all, FS_F64, R + in->S_img, A, e))) goto out;
+        memcpy(all.data, in->image_latent_ids.data, (size_t)(R * A) * sizeof(double));
+        memcpy((double *)all.data + R * A, in->img_ids.data, (size_t)(in->S_img * A) * sizeof(double));
+        rc = slice_ids(&all, lo0, hi0, &rid, e);
+        fs_tensor_free(&all);
+        /* this rank's step-0 image stream: reference rows [lo0, min(hi0, R)), noise rows after */
+        if (rc || (lo0 < R && (rc = upload_tokens(be, m->dtype, &in->image_latents, lo0, hi0 < R ? hi0 : R, &rlat, e))) ||
+            (hi0 > R && (rc = upload_tokens(be, m->dtype, &in->hidden_states, lo0 > R ? lo0 - R : 0, hi0 - R, &rnoise, e))) ||
+            (rc = fs_kv_cache_init(&kv, &m->cfg, (int)R, e)))
+            goto out;
+    }
     if (split) img_shard = (fs_shard){.ndims = 1, .d = {{.dim = 1, .n = 1, .iv = {{ilo, ihi}}}}};
     if (!(ts = malloc(sizeof(double) * (size_t)in->B))) {
         rc = fs_errf(e, FS_E_NOMEM, "out of memory");
@@ -510,7 +561,43 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
             ms.rec = (fs_recorder){.fn = cfg_record, .ctx = &names};
         }
         const double *g = in->has_guidance ? in->guidance.data : NULL;
-        if (cfgpar)
+        if (R > 0) { /* torch.cat([image_latents, latents], dim=1) at step 0 */
+            fs_tensor hs = {0};
+            kv.mode = i == 0 ? FS_KV_EXTRACT : FS_KV_CACHED;
+            ms.kv = &kv;
+            if (i == 0) { /* step 0's latents are the inputs' noise: this rank's rows of [reference; noise] */
+                const int64_t B = lat.shape[0], C = lat.shape[2], nr = rlat.ndim ? rlat.shape[1] : 0,
+                              nn = rnoise.ndim ? rnoise.shape[1] : 0;
+                const size_t es = fs_dtype_size(m->dtype), ld = (size_t)((nr + nn) * C) * es;
+                if (split) ms.par = &par0;
+                if (!(rc = fs_tensor_alloc_on(&hs, be, m->dtype, 3, (int64_t[]){B, nr + nn, C}, e)) &&
+                    !(nr && (rc = be->copy2d(be, hs.data, ld, rlat.data, (size_t)(nr * C) * es, (size_t)(nr * C) * es,
+                                             (size_t)B, e))) &&
+                    !(nn && (rc = be->copy2d(be, (char *)hs.data + (size_t)(nr * C) * es, ld, rnoise.data,
+                                             (size_t)(nn * C) * es, (size_t)(nn * C) * es, (size_t)B, e))))
+                    rc = fs_model_forward(&ms, &hs, &ehs, &pooled, ts, g, &rid, &tid, &v, e);
+                fs_tensor_free(&hs);
+                if (!rc && split) { /* v of the noise rows [max(lo', R), hi') - R → the noise's partition */
+                    int64_t *lo = malloc(sizeof(int64_t) * 2 * (size_t)p->sp), *hi = lo ? lo + p->sp : NULL;
+                    fs_tensor vg = {0};
+                    if (!lo) rc = fs_errf(e, FS_E_NOMEM, "out of memory");
+                    for (int w = 0; !rc && w < p->sp; w++) {
+                        lo[w] = (par0.img_lo[w] > R ? par0.img_lo[w] : R) - R;
+                        hi[w] = par0.img_hi[w] - R;
+                    }
+                    if (!rc && !(rc = gather_tokens(p, be, &v, lo, hi, in->S_img, &vg, e))) {
+                        fs_tensor_free(&v);
+                        if (!(rc = fs_tensor_alloc_on(&v, be, m->dtype, 3, (int64_t[]){B, ihi - ilo, C}, e)))
+                            rc = be->copy2d(be, v.data, (size_t)((ihi - ilo) * C) * es,
+                                            (const char *)vg.data + (size_t)(ilo * C) * es, (size_t)(in->S_img * C) * es,
+                                            (size_t)((ihi - ilo) * C) * es, (size_t)B, e);
+                    }
+                    fs_tensor_free(&vg);
+                    free(lo);
+                }
+            } else
+                rc = fs_model_forward(&ms, &lat, &ehs, &pooled, ts, g, &iid, &tid, &v, e);
+        } else if (cfgpar)
             rc = cfg_parallel_step(&ms, p, in, &lat, &ehs, &pooled, &tid, &nehs, &npooled, &ntid, ts, g, &iid, &names,
                                    &kept, &v, e);
         else if (cfgbat)
@@ -538,7 +625,7 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
         if (hooks->end_step && (rc = hooks->end_step(hooks->ctx, i, e))) break;
     }
     if (!rc) {
-        if (split) rc = gather_image_tokens(p, be, &lat, latents, e);
+        if (split) rc = gather_tokens(p, be, &lat, p->img_lo, p->img_hi, p->S_img, latents, e);
         else {
             *latents = lat;
             lat = (fs_tensor){0};
@@ -547,6 +634,11 @@ int fs_sample(const fs_model *m, const fs_inputs *in, const fs_step_hooks *hooks
 out:
     cfg_buffer_clear(&kept);
     free(kept.v);
+    fs_kv_cache_free(&kv);
+    free(par0.txt_lo); /* par0's partition; its groups are p's */
+    fs_tensor_free(&rnoise);
+    fs_tensor_free(&rlat);
+    fs_tensor_free(&rid);
     free(ts);
     free(names.base);
     free(names.calls);
@@ -578,17 +670,19 @@ int fs_inputs_broadcast(const fs_group *g, int root, fs_inputs *in, const fs_con
                         const fs_inject *inj, fs_err *e)
 {
     if (g->size == 1) return FS_OK;
-    int hdr[6] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance, in->S_neg};
+    int hdr[7] = {in->B, in->S_img, in->S_txt, in->n_steps, in->has_guidance, in->S_neg, in->S_ref};
     double scale = in->true_cfg_scale;
     fs_bcast(g, root, hdr, sizeof hdr);
     fs_bcast(g, root, &scale, sizeof scale);
     int rc = FS_OK;
     if (g->rank != root && ((rc = fs_inputs_alloc(in, c, dt, hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], e)) ||
-                            (scale > 0 && (rc = fs_inputs_alloc_negative(in, c, dt, hdr[5], scale, e)))))
+                            (scale > 0 && (rc = fs_inputs_alloc_negative(in, c, dt, hdr[5], scale, e))) ||
+                            (hdr[6] > 0 && (rc = fs_inputs_alloc_ref(in, c, dt, hdr[6], e)))))
         return rc; /* the root is already inside the broadcasts: the CLI ends the job */
     fs_tensor *all[] = {&in->hidden_states, &in->encoder_hidden_states, &in->pooled_projections, &in->img_ids,
                         &in->txt_ids, &in->sigmas, &in->negative_encoder_hidden_states,
-                        &in->negative_pooled_projections, &in->negative_txt_ids};
+                        &in->negative_pooled_projections, &in->negative_txt_ids, &in->image_latents,
+                        &in->image_latent_ids};
     for (size_t i = 0; !rc && i < FS_ARRAY_LEN(all); i++)
         if (all[i]->ndim) rc = fs_bcast_t(g, root, all[i], e); /* FLUX.2: no pooled vector */
     if (!rc) rc = fs_injected(inj, FS_INJ_TIMESTEP_TEMP_BCAST) ? bcast_into_temporary(g, root, &in->timesteps, e)

@@ -26,6 +26,10 @@ typedef struct fs_gen_params {
      * prompt's */
     double true_cfg_scale;
     int neg_txt_len;
+    /* FLUX.2 reference image through the KV cache (ref_h·ref_w > 0): its packed latents standard
+     * normal keyed "inputs.image_latents", its ids Flux2KleinKVPipeline._prepare_image_ids':
+     * (10, row, col, 0) */
+    int ref_h, ref_w;
 } fs_gen_params;
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
 

@@ -860,3 +860,16 @@ out:
     fs_tensor_free(&ou);
     return rc;
 }
+
+/* The two halves of fs_seqpar_attention's Ulysses path, for an attention that is not plain
+ * softmax over the gathered keys (FLUX.2's KV cache, fs_layers.c): to heads (every token, this
+ * member's head block, token chunks in member order) and back. */
+int fs_seqpar_uly_to_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, fs_err *e)
+{
+    return ulysses_scatter_heads(p, be, x, y, 0, 1, e); /* the full local sequence (sharded text: fs_job refuses the rest) */
+}
+
+int fs_seqpar_uly_to_tokens(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e)
+{
+    return ulysses_gather_heads(p, be, y, x, 1, e);
+}

@@ -33,6 +33,13 @@ int64_t fs_seqpar_ring_chunk(const fs_par *p, int j);
 int fs_seqpar_attention(const fs_par *p, fs_backend *be, fs_tensor *o, const fs_tensor *q, const fs_tensor *k,
                         const fs_tensor *v, fs_err *e);
 
+/* Ulysses alone (ring 1): x [B, s_local, Hl, Dh] → y [B, S_u, Hl/U, Dh] (allocated here: every
+ * token of the group, member w's chunk at fs_uly_plan's toff[w], its text tokens then its image
+ * tokens; this member's head block), and the inverse into a given x. For an attention other than
+ * fs_seqpar_attention's plain one over the gathered keys (the FLUX.2 KV cache). */
+int fs_seqpar_uly_to_heads(const fs_par *p, fs_backend *be, const fs_tensor *x, fs_tensor *y, fs_err *e);
+int fs_seqpar_uly_to_tokens(const fs_par *p, fs_backend *be, const fs_tensor *y, fs_tensor *x, fs_err *e);
+
 /* ---- Ulysses layout transforms: the local halves of the all-to-alls ----
  * Exposed for tests/test_parallel.c, which checks them against index formulas and a round trip
  * without MPI; fs_seqpar_attention is their one caller in the simulator.

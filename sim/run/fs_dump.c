@@ -323,12 +323,14 @@ out:
 /* ---------- /inputs shapes, shared by the writer and the reader ---------- */
 
 /* IN_CFG and after: true CFG's negative prompt (optional; all or none) and its scale */
-enum { IN_HS, IN_EHS, IN_POOLED, IN_IMG, IN_TXT, IN_GUID, IN_SIG, IN_TS, IN_CFG, IN_NEHS, IN_NPOOLED, IN_NTXT, IN_N };
+/* IN_RLAT, IN_RIDS: FLUX.2 reference images through the KV cache (optional; both or none) */
+enum { IN_HS, IN_EHS, IN_POOLED, IN_IMG, IN_TXT, IN_GUID, IN_SIG, IN_TS, IN_CFG, IN_NEHS, IN_NPOOLED, IN_NTXT,
+       IN_RLAT, IN_RIDS, IN_N };
 static const char *const in_names[IN_N] = {"hidden_states", "encoder_hidden_states", "pooled_projections",
                                            "img_ids",       "txt_ids",               "guidance",
                                            "sigmas",        "timesteps",             "true_cfg_scale",
                                            "negative_encoder_hidden_states", "negative_pooled_projections",
-                                           "negative_txt_ids"};
+                                           "negative_txt_ids", "image_latents", "image_latent_ids"};
 
 typedef struct in_shape {
     int present;
@@ -337,7 +339,7 @@ typedef struct in_shape {
 } in_shape;
 
 typedef struct in_sizes {
-    int B, S_img, S_txt, n, S_neg;
+    int B, S_img, S_txt, n, S_neg, S_ref;
 } in_sizes;
 
 /* Checks the /inputs datasets against the config and each other (B from hidden_states, S_txt
@@ -364,7 +366,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
                        origin);
     /* true CFG: the scale and the negative prompt come together (FLUX.2: no pooled vector) */
     const int cfg = s[IN_CFG].present;
-    for (int k = IN_NEHS; k < IN_N; k++) {
+    for (int k = IN_NEHS; k <= IN_NTXT; k++) {
         const int wanted = cfg && !(f2 && k == IN_NPOOLED);
         if (wanted && !s[k].present)
             return fs_errf(e, FS_E_INPUT, "%s: /inputs/true_cfg_scale present but /inputs/%s missing: this dump cannot be "
@@ -373,11 +375,19 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
             return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s present without %s", origin, in_names[k],
                            cfg ? "a pooled vector in FLUX.2 (wrong config?)" : "/inputs/true_cfg_scale");
     }
-    static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1, 1, 3, 2, 2};
+    /* reference images: latents and ids together, FLUX.2 only (the KV cache is Flux2's) */
+    if (s[IN_RLAT].present != s[IN_RIDS].present)
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/%s present without /inputs/%s", origin,
+                       in_names[s[IN_RLAT].present ? IN_RLAT : IN_RIDS], in_names[s[IN_RLAT].present ? IN_RIDS : IN_RLAT]);
+    if (s[IN_RLAT].present && !f2)
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/image_latents (reference images, FLUX.2's KV cache) present, but the "
+                                      "config is FLUX.1 (%s)", origin, fs_config_class_name(c));
+    static const int rank[IN_N] = {3, 3, 2, 2, 2, 1, 1, 1, 1, 3, 2, 2, 3, 2};
     static const char *const sym[IN_N][3] = {
         {"B", "S_img", "in_channels"}, {"B", "S_txt", "joint_attention_dim"}, {"B", "pooled_projection_dim"},
         {"S_img", "axes"}, {"S_txt", "axes"}, {"B"}, {"N+1"}, {"N"}, {"1"},
-        {"B", "S_neg", "joint_attention_dim"}, {"B", "pooled_projection_dim"}, {"S_neg", "axes"}};
+        {"B", "S_neg", "joint_attention_dim"}, {"B", "pooled_projection_dim"}, {"S_neg", "axes"},
+        {"B", "S_ref", "in_channels"}, {"S_ref", "axes"}};
     char symstr[IN_N][96];
     for (int k = 0; k < IN_N; k++) {
         size_t o = 0;
@@ -396,10 +406,14 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
     if (cfg && (Sn < 1 || Sn > INT32_MAX))
         return fs_errf(e, FS_E_INPUT, "%s: /inputs/negative_encoder_hidden_states has %lld tokens, must be >= 1", origin,
                        (long long)Sn);
+    const int64_t Sr = s[IN_RLAT].present && s[IN_RLAT].ndim == 3 ? s[IN_RLAT].shape[1] : 0;
+    if (s[IN_RLAT].present && (Sr < 1 || Sr > INT32_MAX))
+        return fs_errf(e, FS_E_INPUT, "%s: /inputs/image_latents has %lld tokens, must be >= 1", origin, (long long)Sr);
     const int64_t want[IN_N][3] = {
         {B, Si, c->in_channels}, {B, St, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Si, nax}, {St, nax},
         {B},                     {N + 1},                         {N},
         {1},                     {B, Sn, c->joint_attention_dim}, {B, c->pooled_projection_dim}, {Sn, nax},
+        {B, Sr, c->in_channels}, {Sr, nax},
     };
     for (int k = 0; k < IN_N; k++) {
         if (!s[k].present) continue;
@@ -411,6 +425,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
             if (!strcmp(l, "B") || !strcmp(l, "S_img")) from = "/inputs/hidden_states";
             else if (!strcmp(l, "S_txt")) from = "/inputs/encoder_hidden_states";
             else if (!strcmp(l, "S_neg")) from = "/inputs/negative_encoder_hidden_states";
+            else if (!strcmp(l, "S_ref")) from = "/inputs/image_latents";
             else if (l[0] == 'N') from = "/inputs/timesteps", l = "N";
             else if (!strcmp(l, "axes")) from = "the config's axes_dims_rope", l = "axes";
             char got[96], exp[96], why[96] = "";
@@ -421,7 +436,7 @@ static int check_inputs(const fs_config *c, const in_shape *s, const char *origi
                            symstr[k], exp, why);
         }
     }
-    *z = (in_sizes){(int)B, (int)Si, (int)St, (int)N, (int)Sn};
+    *z = (in_sizes){(int)B, (int)Si, (int)St, (int)N, (int)Sn, (int)Sr};
     return FS_OK;
 }
 
@@ -433,6 +448,8 @@ static const fs_tensor *input_tensor(const fs_inputs *in, int k)
     case IN_NEHS: return &in->negative_encoder_hidden_states;
     case IN_NPOOLED: return &in->negative_pooled_projections;
     case IN_NTXT: return &in->negative_txt_ids;
+    case IN_RLAT: return &in->image_latents;
+    case IN_RIDS: return &in->image_latent_ids;
     case IN_HS: return &in->hidden_states;
     case IN_EHS: return &in->encoder_hidden_states;
     case IN_POOLED: return &in->pooled_projections;
@@ -1138,6 +1155,7 @@ int fs_dump_read_inputs(const char *path, fs_dtype dt, fs_config *cfg, fs_inputs
     in->n_steps = z.n;
     in->has_guidance = s[IN_GUID].present;
     in->S_neg = z.S_neg;
+    in->S_ref = z.S_ref;
     for (int k = 0; k < IN_N; k++) {
         if (!s[k].present) continue;
         snprintf(p, sizeof p, "/inputs/%s", in_names[k]);
@@ -1153,7 +1171,7 @@ int fs_dump_read_inputs(const char *path, fs_dtype dt, fs_config *cfg, fs_inputs
             continue;
         }
         fs_tensor *t = (fs_tensor *)input_tensor(in, k);
-        fs_dtype tdt = k <= IN_POOLED || k == IN_NEHS || k == IN_NPOOLED ? dt : FS_F64;
+        fs_dtype tdt = k <= IN_POOLED || k == IN_NEHS || k == IN_NPOOLED || k == IN_RLAT ? dt : FS_F64;
         if ((rc = fs_tensor_alloc(t, tdt, ds.ndim, ds.shape, e))) {
             fs_err_prefix(e, "%s: %s: ", path, p);
             goto out;

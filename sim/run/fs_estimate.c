@@ -1,6 +1,7 @@
 #include "fs_estimate.h"
 
-#include "fs_weights.h" /* FS_STREAM_AUTO_BYTES */
+#include "fs_gemm.h"    /* fs_gemm_bf16_native: whether a bf16 GEMM of M rows makes float32 copies */
+#include "fs_weights.h"   /* FS_STREAM_AUTO_BYTES */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -256,45 +257,79 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     scratch = add(scratch, mul(spbuf, es));
     out->attn_scratch_bytes = scratch;
 
-    /* double block: attention phase vs the text-MLP phase (header) */
-    const uint64_t mods = mul3(12, B, D);
-    uint64_t dbl_attn = add(mul3(B, S, add(D, 5 * Dl)), mul3(B, S, 4 * Dl));
-    dbl_attn = add(mul(add(dbl_attn, mods), es), scratch);
-    uint64_t dbl_mlp = add(mul3(B, S, add(5 * D, 6 * Dl)), mul3(B, S, 4 * Dl));
-    dbl_mlp = add(dbl_mlp, add(mul3(B, max2(Si, St), 2 * Fl), mods));
-    out->act_double_bytes = max2(dbl_attn, mul(dbl_mlp, es));
-    /* single block: attention phase vs its end */
-    uint64_t sgl_attn = mul(add(mul3(B, S, add(add(D, 2 * Fl), 6 * Dl)), mul3(3, B, D)), es);
-    sgl_attn = add(sgl_attn, scratch);
-    uint64_t sgl_end = mul(add(mul3(B, S, add(add(3 * D, 3 * Fl), 7 * Dl)), mul3(3, B, D)), es);
-    out->act_single_bytes = max2(sgl_attn, sgl_end);
-    out->act_persistent_bytes = pers_dbl;
-    out->act_peak_bytes = max2(add(pers_dbl, out->act_double_bytes), add(pers_sgl, out->act_single_bytes));
-
-    /* bf16 on the CPU: a kernel computes in float32 copies of its operands (fs_backend_cpu.c:
-     * attention upcasts q, k, v and o; the widened GEMM path x, the weight, the bias and its
-     * output — the largest a single block's proj_out (x [S, Dl+Fl], W [D, Dl+Fl], y [S, D]) or
-     * proj_mlp; an element-wise op its input and output — the largest the single block's
-     * GELU (FLUX.2: SiLU) on [S, Fl]. That last one was missing: at the `default` config below
-     * it is the largest (129 MiB against proj_out's 98), and the estimate read 350 MiB for a
-     * measured 383-394.) */
-    if (es == 2) {
-        const uint64_t po = add(mul(add(mul(B, S), D), add(Dl, Fl)), mul3(B, S, D));
-        const uint64_t pm = add(mul(add(mul(B, S), Fl), D), mul3(B, S, Fl));
-        const uint64_t at = max2(mul3(4, mul(B, S), Dl), mul3(2, mul(B, S), Fl));
-        /* The oneDNN path makes no float32 copies of a Linear's operands, but its own working
-         * memory (primitive cache, JIT code, packing buffers; its scratchpad is small: 0.3 MiB
-         * asked for the largest of these shapes) is not something oneDNN reports. So the widened
-         * path's copies are counted for both (measured on the `default` config, batch 4, 64x64
-         * tokens, one bf16 rank, Intel Xeon, AVX512-BF16, 2026-11-28: 383-394 MiB widened, 381
-         * estimated). */
-        out->bf16_scratch_bytes = mul(max2(max2(po, pm), at), 4);
+    /* The blocks' phases (header): what is alive at each, in elements on top of the persistent
+     * part, and (bf16) the float32 copies the op running there makes. The peak is the largest
+     * phase, copies included: a copy lives only while its op runs, so adding the largest copy to
+     * the largest live set (as before 2026-11-28) counts two moments as one. */
+    const uint64_t es2 = es == 2, BS = mul(B, S), BSi = mul(B, Si), BSt = mul(B, St);
+    /* a bf16 GEMM of M rows is widened to float32 (copies of x, W and y) unless oneDNN's bf16
+     * matmul serves it (AMX; AVX512-BF16 alone below FS_GEMM_BF16_WIDEN_M rows), whose working
+     * memory (the weight reordered into its blocked layout, primitive cache, JIT code) it does
+     * not report: counted as a float32 copy of W, which bounds the blocked bf16 copy (a bf16
+     * --tp 2 --check rank of 80 tokens, every GEMM through oneDNN: 110 MiB measured, 96 without
+     * it, 2026-11-28) */
+    const int wide_i = es2 && !fs_gemm_bf16_native((int64_t)BSi), wide_j = es2 && !fs_gemm_bf16_native((int64_t)BS);
+    const uint64_t n2 = c->family == FS_FLUX2 ? 1 : 2; /* norm2 kept beside its modulated output (FLUX.1) */
+    typedef struct { uint64_t live, copy, scratch; } phase; /* elements, float32 elements, bytes */
+    /* double block (fs_joint_attention, then the MLPs): the attention's intermediates are freed
+     * when it returns, before the MLPs */
+    const uint64_t mods = c->family == FS_FLUX2 ? 0 : mul3(12, B, D); /* FLUX.2's are persistent */
+    const phase dbl[] = {
+        /* SDPA: the modulated inputs, q/k/v and normed q/k per stream, the joint q/k/v and the
+         * output; the kernel upcasts q, k, v, o */
+        {add(mul(BS, add(D, 9 * Dl)), mods), mul(BS, 4 * Dl), scratch},
+        /* the output projections: + the output's two slices and to_out/to_add_out's outputs */
+        {add(mul(BS, add(2 * D, 10 * Dl)), mods), es2 ? add(wide_i ? mul(BSi, add(Dl, D)) : 0, mul(D, Dl)) : 0, 0},
+        /* the image MLP's activation: xm, cm and both attention outputs, norm2 (FLUX.1) and the
+         * modulated input, the hidden before and after it; the element-wise op upcasts both */
+        {add(add(mul(BS, 2 * D), mul(BSi, add(n2 * D, 2 * Fl))), mods), es2 ? mul(BSi, 2 * Fl) : 0, 0},
+        /* its down projection: + its output (widened: x, W, y in float32) */
+        {add(add(mul(BS, 2 * D), mul(BSi, add((n2 + 1) * D, 2 * Fl))), mods),
+         es2 ? add(wide_i ? mul(BSi, add(Fl, D)) : 0, mul(Fl, D)) : 0, 0},
+        /* the text MLP: the image's norm2/modulated input/MLP output stay until the block returns */
+        {add(add(mul(BS, add(2 * D, (n2 + 1) * D)), mul(BSt, 2 * Fl)), mods), es2 ? mul(BSt, 2 * Fl) : 0, 0},
+    };
+    const uint64_t m3 = c->family == FS_FLUX2 ? 0 : mul3(3, B, D);
+    const phase sgl[] = {
+        /* the MLP activation: modulated input, MLP hidden before and after (upcast both) */
+        {add(mul(BS, add(D, 2 * Fl)), m3), es2 ? mul(BS, 2 * Fl) : 0, 0},
+        /* SDPA: + q, k, v, normed q, k, the output */
+        {add(mul(BS, add(add(D, 2 * Fl), 6 * Dl)), m3), mul(BS, 4 * Dl), scratch},
+        /* proj_out (to_out) and the block's end: its output, the concatenation, the recorded
+         * text/image slices (widened: proj_out's x, W, y in float32) */
+        {add(mul(BS, add(add(3 * D, 3 * Fl), 7 * Dl)), m3),
+         es2 ? add(wide_j ? add(mul(BS, add(Dl, Fl)), mul(BS, D)) : 0, mul(D, add(Dl, Fl))) : 0, 0},
+    };
+    uint64_t dlive = 0, dall = 0, slive = 0, sall = 0, dl_dev = 0, sl_dev = 0;
+    for (size_t k = 0; k < sizeof dbl / sizeof *dbl; k++) {
+        const uint64_t live = mul(dbl[k].live, es);
+        dlive = max2(dlive, add(live, dbl[k].scratch));
+        dall = max2(dall, add(add(live, dbl[k].scratch), es2 ? mul(dbl[k].copy, 4) : 0));
+        dl_dev = max2(dl_dev, live); /* a GPU: flash attention, no score blocks or copies */
     }
+    for (size_t k = 0; k < sizeof sgl / sizeof *sgl; k++) {
+        const uint64_t live = mul(sgl[k].live, es);
+        slive = max2(slive, add(live, sgl[k].scratch));
+        sall = max2(sall, add(add(live, sgl[k].scratch), es2 ? mul(sgl[k].copy, 4) : 0));
+        sl_dev = max2(sl_dev, live);
+    }
+    out->act_double_bytes = dlive;
+    out->act_single_bytes = slive;
+    out->act_persistent_bytes = pers_dbl;
+    out->act_peak_bytes = max2(add(pers_dbl, dlive), add(pers_sgl, slive));
+    /* bf16 on the CPU (fs_backend_cpu.c): element-wise ops and attention compute in float32
+     * copies of their operands, and so does a GEMM widened to float32 (fs_gemm.h): what the peak
+     * phase adds, copies included. Measured 2026-11-28 (default config, batch 4, 64x64 tokens,
+     * one bf16 rank, 1 thread, AVX512-BF16 without AMX): 355 MiB with fs_gemm's own choice (the
+     * large GEMMs widened; this estimate 350). Forcing every GEMM through oneDNN
+     * (FS_GEMM_BF16=onednn) measured 299 MiB before 7fc4699's GEMM providers (estimate 291), but
+     * 441-482 MiB after them: oneDNN's working memory there is not modelled (an AMX machine, where
+     * oneDNN is the default, would see it). */
+    if (es2) out->bf16_scratch_bytes = max2(add(pers_dbl, dall), add(pers_sgl, sall)) - out->act_peak_bytes;
     /* a GPU rank: every weight of its shard resident, activations in the run dtype, flash
      * attention (no score blocks, no float32 copies) */
     out->device_bytes = add(add(out->weight_resident_bytes, out->input_bytes),
-                            max2(add(pers_dbl, max2(dbl_attn - score, mul(dbl_mlp, es))),
-                                 add(pers_sgl, max2(sgl_attn - score, sgl_end))));
+                            max2(add(pers_dbl, dl_dev), add(pers_sgl, sl_dev)));
 
     /* FLOPs and collectives of one step (one forward), for this rank and the job */
     out->flops_step_rank = forward_flops(c, (double)B, (double)Si, (double)St, (double)Sg, (double)tp);

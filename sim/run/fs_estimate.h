@@ -17,26 +17,33 @@
  *
  * Persistent through the forward (fs_model_forward): the image and text residual streams X, CX
  * (Si·D, St·D), temb, the ids and the RoPE tables (S·(3·8 + 2·Dh·es)); from the first single
- * block on, also the joint stream H (S·D). Everything of a block is freed when it returns, so the
- * peak is the larger of the two block kinds:
+ * block on, also the joint stream H (S·D). Everything of a block is freed by the time it
+ * returns, so the peak is the largest phase of the two block kinds (fs_estimate.c lists them):
  *
- *   double block (FluxTransformerBlock): every intermediate lives until the block returns. The
- *     peak is inside the text-stream MLP, when alive are, per image token: the modulated input,
- *     the attention output after to_out, norm2, its modulation and the MLP output (5·D), q, k, v,
- *     the normed q, k and the attention slice (6·Dl); per text token the same (5·D + 6·Dl) plus
- *     the MLP hidden before and after GELU (2·Fl); per joint token the concatenated q, k, v and
- *     the attention output (4·Dl); plus 12 AdaLN chunks (12·D per batch row).
- *   single block (FluxSingleTransformerBlock): at its end alive are, per joint token, the
- *     modulated input, proj_out's output and the text/image slices recorded (3·D), the MLP
- *     hidden, its GELU and the cat([attn, mlp]) input of proj_out (3·Fl), q, k, v, the normed
- *     q, k, the attention output and the attention part of the concatenation (7·Dl).
+ *   double block (FluxTransformerBlock, Flux2TransformerBlock): the joint attention
+ *     (fs_joint_attention, fs_layers.c) frees its intermediates when it returns (since
+ *     2026-11-28). Its phases: SDPA (the modulated inputs D, per stream q, k, v and the normed
+ *     q, k 5·Dl, the joint q, k, v and output 4·Dl, per token), the output projections (+ the
+ *     output's slices Dl and the projections' outputs D); then the MLPs, when alive are the
+ *     modulated inputs and the attention outputs (2·D per token), and per image token norm2
+ *     (FLUX.1 only), the modulated MLP input, the hidden before and after the activation (2·Fl)
+ *     and the MLP output; the text MLP adds the same per text token while the image's stay.
+ *     FLUX.1 also holds 12 AdaLN chunks per block (12·D per batch row; FLUX.2's are persistent).
+ *   single block (FluxSingleTransformerBlock, Flux2SingleTransformerBlock): the MLP activation
+ *     (modulated input D, hidden before and after 2·Fl), SDPA (+ q, k, v, normed q, k and the
+ *     output 6·Dl), and its end, when alive are, per joint token, the modulated input,
+ *     proj_out's output and the text/image slices recorded (3·D), the MLP hidden, its GELU and
+ *     the cat([attn, mlp]) input of proj_out (3·Fl), q, k, v, the normed q, k, the attention
+ *     output and the attention part of the concatenation (7·Dl).
  *   attention scratch: scaled_dot_product_attention never materialises S×S; each thread holds
  *     one score block of 256 query rows by the keys it attends (min(256, S)·Skv·es). Ulysses
  *     adds its head-sharded q, k, v, o and the all-to-all send/receive pair (6·B·S·Dl); ring
  *     attention adds the partial output and two LSE vectors, and the K/V of every ring member
- *     (allgather, as diffusers) or two double-buffered chunks each of K and V (p2p). The
- *     attention phase peak (block inputs, q/k/v, joint q/k/v, output, scratch) is compared with
- *     the block-end peaks and the larger wins.
+ *     (allgather, as diffusers) or two double-buffered chunks each of K and V (p2p); counted in
+ *     the SDPA phases.
+ *   bf16 on the CPU: each phase also holds the float32 copies its op makes (element-wise ops and
+ *     attention upcast their operands and output; a GEMM does too unless oneDNN's native bf16
+ *     matmul runs it), and the largest phase with its copies is the peak.
  *
  * The dump estimate is exact: the element count of every dataset one step records (checked in
  * tests/test_estimate.c against golden/default-fp64.h5), times es. */

@@ -280,7 +280,9 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
         }
     } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
     if (!rc) /* the run would refuse it up front too */
-        rc = fs_select_check_model(&sel, &cfg, o->inputs ? in.true_cfg_scale > 0 : o->gen.true_cfg_scale > 0, e);
+        rc = fs_select_check_model(&sel, &cfg,
+                                   o->inputs ? fs_names_flags(in.true_cfg_scale > 0, in.S_ref > 0)
+                                             : fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e);
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
     if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
     tp = tp ? tp : 1;
@@ -391,12 +393,13 @@ static int configure_inputs(fs_job *j, fs_err *e)
             }
             if (!rc && *what && memcmp(&want, &j->cfg, sizeof j->cfg))
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
-            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, j->in.true_cfg_scale > 0, e);
+            if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, fs_names_flags(j->in.true_cfg_scale > 0, j->in.S_ref > 0), e);
             if (!rc)
                 rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, &j->sel, world->size, ranks_here, e);
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
                    /* --dump-modules that selects nothing of this model: refused before any work */
-                   !(rc = fs_select_check_model(&j->sel, &j->cfg, o->gen.true_cfg_scale > 0, e)) &&
+                   !(rc = fs_select_check_model(&j->sel, &j->cfg,
+                                                fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
                                             o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {
@@ -468,6 +471,23 @@ static int configure_layout(fs_job *j, fs_err *e)
                                     "prompt (%d vs %d text tokens); tensor parallelism alone takes any length",
                      j->uly > 1 ? "--ulysses" : "--ring", j->uly > 1 && j->ring > 1 ? " x --ring" : "", j->in.S_neg,
                      j->in.S_txt);
+    /* FLUX.2's KV cache for reference images: one rank, TP, Ulysses (fs_sample partitions step 0's
+     * [reference; noise] on its own); not ring attention (not built), not true CFG
+     * (Flux2KleinKVPipeline has none), not per-rank dumps under Ulysses (one sharding map entry
+     * per name cannot say both step 0's split and the later steps') */
+    const int kv_per_rank = o->dump_per_rank && j->uly > 1; /* step 0's pieces differ from the later steps' */
+    /* nor with the other engines' layouts (--text replicated, --pad: the step-0 partition of
+     * [reference; noise] is the sharded-text, unpadded one) */
+    const int kv_layout = (o->text && strcmp(o->text, "sharded")) || o->pad;
+    if (!rc && j->in.S_ref > 0 &&
+        (j->cfg.family != FS_FLUX2 || j->ring > 1 || j->in.true_cfg_scale > 0 || kv_per_rank || kv_layout))
+        rc = fs_errf(e, FS_E_INPUT, "reference images (FLUX.2's KV cache: --ref-grid, /inputs/image_latents) run on "
+                                    "FLUX.2, on one rank, under --tp or --ulysses, without true CFG; not %s",
+                     j->cfg.family != FS_FLUX2 ? "on FLUX.1"
+                     : j->ring > 1             ? "under --ring"
+                     : kv_per_rank             ? "with --dump-per-rank under --ulysses"
+                     : kv_layout               ? "with --text replicated or --pad"
+                                               : "with --true-cfg-scale");
     if ((rc = fs_job_agree(world, rc, e))) return rc;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));

@@ -210,12 +210,108 @@ static int flux1_names(const fs_config *c, fs_names *l)
     return FS_OK;
 }
 
+/* FLUX.2, as sim/model/fs_flux2.c records it (diffusers' Flux2Transformer2DModel module paths):
+ * the embedding and the three shared modulations come before the input projections, the blocks'
+ * norms are plain LayerNorms, the MLPs SwiGLU (act_fn.gate_fn is its SiLU), pos_embed fires on
+ * the image ids then the text ids (@1), to_add_out fires before to_out.0. */
+static int flux2_ff(fs_names *l, const char *p)
+{
+    int rc;
+    NAME("%s.linear_in", p);
+    NAME("%s.act_fn.gate_fn", p);
+    NAME("%s.act_fn", p);
+    NAME("%s.linear_out", p);
+    NAME("%s", p);
+    return FS_OK;
+}
+
+static int flux2_names(const fs_config *c, int ref, fs_names *l)
+{
+    int rc;
+    char p[64], q[96];
+    NAME("time_guidance_embed.time_proj");
+    if ((rc = mlp_embedder(l, "time_guidance_embed.timestep_embedder", "act"))) return rc;
+    if (c->guidance_embeds) {
+        NAME("time_guidance_embed.time_proj@1");
+        if ((rc = mlp_embedder(l, "time_guidance_embed.guidance_embedder", "act"))) return rc;
+    }
+    NAME("time_guidance_embed");
+    static const char *const mods[] = {"double_stream_modulation_img", "double_stream_modulation_txt",
+                                       "single_stream_modulation"};
+    for (size_t k = 0; k < sizeof mods / sizeof *mods; k++) {
+        NAME("%s.act_fn", mods[k]);
+        NAME("%s.linear", mods[k]);
+        NAME("%s", mods[k]);
+    }
+    if (ref) { /* the reference tokens' embedding (fs_flux2.c: ref_record): each module's next call */
+        const int tp = c->guidance_embeds ? 2 : 1;
+        NAME("time_guidance_embed.time_proj@%d", tp);
+        for (const char *const *q = (const char *const[]){"linear_1", "act", "linear_2", "", NULL}; *q; q++)
+            NAME("time_guidance_embed.timestep_embedder%s%s@1", **q ? "." : "", *q);
+        if (c->guidance_embeds) {
+            NAME("time_guidance_embed.time_proj@3");
+            for (const char *const *q = (const char *const[]){"linear_1", "act", "linear_2", "", NULL}; *q; q++)
+                NAME("time_guidance_embed.guidance_embedder%s%s@1", **q ? "." : "", *q);
+        }
+        NAME("time_guidance_embed@1");
+        for (int k = 0; k < 3; k += 2) { /* the image and single-stream modulations */
+            NAME("%s.act_fn@1", mods[k]);
+            NAME("%s.linear@1", mods[k]);
+            NAME("%s@1", mods[k]);
+        }
+    }
+    NAME("x_embedder");
+    NAME("context_embedder");
+    NAME("pos_embed#0");
+    NAME("pos_embed#1");
+    NAME("pos_embed@1#0");
+    NAME("pos_embed@1#1");
+    static const char *const attn[] = {"to_q",   "to_k",   "to_v",         "add_q_proj",   "add_k_proj",
+                                       "add_v_proj", "norm_q", "norm_k",   "norm_added_q", "norm_added_k",
+                                       "to_add_out", "to_out.0", "to_out.1"};
+    for (int i = 0; i < c->num_layers; i++) {
+        snprintf(p, sizeof p, "transformer_blocks.%d", i);
+        NAME("%s.norm1", p);
+        NAME("%s.norm1_context", p);
+        for (size_t k = 0; k < sizeof attn / sizeof *attn; k++) NAME("%s.attn.%s", p, attn[k]);
+        NAME("%s.attn#0", p);
+        NAME("%s.attn#1", p);
+        NAME("%s.norm2", p);
+        snprintf(q, sizeof q, "%s.ff", p);
+        if ((rc = flux2_ff(l, q))) return rc;
+        NAME("%s.norm2_context", p);
+        snprintf(q, sizeof q, "%s.ff_context", p);
+        if ((rc = flux2_ff(l, q))) return rc;
+        NAME("%s#0", p);
+        NAME("%s#1", p);
+    }
+    for (int i = 0; i < c->num_single_layers; i++) {
+        snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
+        NAME("%s.norm", p);
+        NAME("%s.attn.to_qkv_mlp_proj", p);
+        NAME("%s.attn.norm_q", p);
+        NAME("%s.attn.norm_k", p);
+        NAME("%s.attn.mlp_act_fn.gate_fn", p);
+        NAME("%s.attn.mlp_act_fn", p);
+        NAME("%s.attn.to_out", p);
+        NAME("%s.attn", p);
+        NAME("%s", p);
+    }
+    if ((rc = ada_norm(l, "norm_out", 0))) return rc;
+    NAME("norm_out");
+    NAME("proj_out");
+    return FS_OK;
+}
+
 /* One entry per model family with a names list, by diffusers class name. */
+/* FLUX.1 has no reference images (the run refuses them, naming why): its names either way */
+static int flux1_names_f(const fs_config *c, int ref, fs_names *l) { return flux1_names(c, l); }
 static const struct {
     const char *class_name;
-    int (*names)(const fs_config *, fs_names *);
+    int (*names)(const fs_config *, int ref, fs_names *);
 } families[] = {
-    {"FluxTransformer2DModel", flux1_names},
+    {"FluxTransformer2DModel", flux1_names_f},
+    {"Flux2Transformer2DModel", flux2_names},
 };
 
 /* True CFG (fs_sampler.c, cfg_record): the second, negative-prompt call of a step records each
@@ -246,7 +342,7 @@ static int negative_call_names(fs_names *l, int from)
     return FS_OK;
 }
 
-int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *known, fs_err *e)
+int fs_record_names(const fs_config *cfg, int flags, fs_names *out, int *known, fs_err *e)
 {
     memset(out, 0, sizeof *out);
     *known = 0;
@@ -257,14 +353,16 @@ int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *know
     free(js);
     if (!root) return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
-    int (*fn)(const fs_config *, fs_names *) = NULL;
+    int (*fn)(const fs_config *, int, fs_names *) = NULL;
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
         if (cJSON_IsString(cn) && !strcmp(cn->valuestring, families[i].class_name)) fn = families[i].names;
     cJSON_Delete(root);
     if (!fn) return FS_OK;
     int rc;
     fs_names *l = out;
-    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, l)) || (true_cfg && (rc = negative_call_names(l, 1))) ||
+    const int true_cfg = flags & FS_NAMES_TRUE_CFG;
+    if ((rc = name(l, "latents_in")) || (rc = fn(cfg, !!(flags & FS_NAMES_REF), l)) ||
+        (true_cfg && (rc = negative_call_names(l, 1))) ||
         (rc = name(l, "latents_out"))) {
         fs_names_free(out);
         return fs_errf(e, FS_E_NOMEM, "out of memory listing the model's module names");
@@ -274,11 +372,11 @@ int fs_record_names(const fs_config *cfg, int true_cfg, fs_names *out, int *know
 }
 #undef NAME
 
-int fs_select_check_model(const fs_select *s, const fs_config *cfg, int true_cfg, fs_err *e)
+int fs_select_check_model(const fs_select *s, const fs_config *cfg, int flags, fs_err *e)
 {
     if (!s || !s->modules.n) return FS_OK;
     fs_names l;
-    int known, rc = fs_record_names(cfg, true_cfg, &l, &known, e);
+    int known, rc = fs_record_names(cfg, flags, &l, &known, e);
     if (rc || !known) return rc;
     int hit = 0;
     for (int i = 0; i < l.n && !hit; i++)

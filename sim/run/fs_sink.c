@@ -121,6 +121,14 @@ static int learn_pieces(fs_sink *k, const fs_tensor *t, const fs_shard *sh, cons
     fs_pieces_allgather(k->o.par->g_world, t, sh, *all);
     if (map && k->step == 0 && !cJSON_GetObjectItemCaseSensitive(map, name))
         cJSON_AddItemToObject(map, name, sharding_json(*all, W));
+    else if (map && k->step > 0) {
+        /* one entry per name holds for every step; where a later step is split otherwise (FLUX.2's
+         * KV cache under Ulysses: step 0's image stream holds the reference tokens too) the name
+         * gets none, rather than one that is wrong for some steps */
+        cJSON *had = cJSON_GetObjectItemCaseSensitive(map, name), *now = had ? sharding_json(*all, W) : NULL;
+        if (had && now && !cJSON_Compare(had, now, 1)) cJSON_DeleteItemFromObjectCaseSensitive(map, name);
+        cJSON_Delete(now);
+    }
     return FS_OK;
 }
 
