@@ -16,7 +16,8 @@
 #      hooks do, step 1 none of them;
 #   5. layouts: --tp 2, --tp 4, --ulysses 2, --tp 2 x --ulysses 2 and an uneven --ulysses 2 --check
 #      OK at fp64 1e-13 and their global dumps equal the single-rank one; fp32 and bf16 --ulysses 2
-#      --check OK; --ring 2, --dump-per-rank under Ulysses, true CFG and FLUX.1 refused up front
+#      --check OK; --ring 2, --dump-per-rank under Ulysses, true CFG, FLUX.1, --text replicated and
+#      --pad refused up front
 #      (exit 2, one line), and a Ulysses degree that leaves rank 0 only reference tokens.
 # Without the peer venv parts 1-4 are SKIPPED loudly; part 5 runs.
 . "$(dirname "$0")/lib.sh"
@@ -128,6 +129,8 @@ timeout 120 mpirun -np 4 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/
   bad "--ulysses 4, 6 reference + 12 image tokens: rc $rc $(head -2 "$T/r.out")"
 refused "--true-cfg-scale with --ref-grid" 1 --config flux2-tiny --grid 2x2 --txt-len 3 --ref-grid 2x2 --true-cfg-scale 2
 refused "FLUX.1 with --ref-grid" 1 --config tiny --grid 2x2 --txt-len 3 --ref-grid 2x2
+refused "--text replicated with --ref-grid" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ulysses 2 --text replicated
+refused "--pad mask with --ref-grid" 2 --weights "$T/weights.safetensors" --inputs "$T/in.h5" --ulysses 2 --pad mask
 # --dump-modules: the reference embedding's calls are names of a run with reference images only
 "$SIM" --config flux2-tiny --grid 2x2 --txt-len 3 --ref-grid 1x2 --steps 2 --dump "$T/sel.h5" \
   --dump-modules 'time_guidance_embed@1,single_stream_modulation@1' -q </dev/null >"$T/sel.log" 2>&1; rc=$?
