@@ -41,6 +41,8 @@ typedef enum fs_inj_id {
     FS_INJ_PAD_MASK_IGNORED,
     FS_INJ_COUNT
 } fs_inj_id;
+/* fs_inject.mask and fs_inject_fired_mask hold a bit per bug: widen them before a 33rd */
+_Static_assert(FS_INJ_COUNT <= 32, "fs_inject's masks are 32-bit: widen them for more injections");
 
 /* nan-rank:RANK:MODULE:STEP and fail-rank:RANK:MODULE:STEP: where the fault strikes */
 typedef struct fs_inject_at {
