@@ -78,3 +78,31 @@ measured() {
   tail -n 1 "$f.time" | awk '{ printf "%d %.2f\n", $1, $2 + $3 }' >"$f"
   return $rc
 }
+
+# expect_refusals SPEC...: each SPEC "NP|OPTIONS|WANT" runs `run NP OPTIONS` (the calling test's run
+# function) and passes when it exits 2 with a `flux-sim: error` line containing WANT.
+expect_refusals() {
+  local c n opts want out rc
+  for c in "$@"; do
+    IFS='|' read -r n opts want <<<"$c"
+    # shellcheck disable=SC2086
+    out=$(run "$n" $opts); rc=$?
+    if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(grep -c '^flux-sim: error' <<<"$out")" -ge 1 ]; then ok "refused: $opts"
+    else bad "$opts: exit $rc, expected a refusal saying '$want'"; head -3 <<<"$out"; fi
+  done
+}
+
+# same_as_default WHAT SPEC...: each SPEC "NP|OPTIONS": a one-step dump with OPTIONS and one with
+# OPTIONS WHAT (in $T, from tmpdir) must be bit-identical (flux-oracle diff at tolerance 0).
+same_as_default() {
+  local what=$1 c n args; shift
+  for c in "$@"; do
+    IFS='|' read -r n args <<<"$c"
+    # shellcheck disable=SC2086
+    timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args --dump "$T/a.h5" </dev/null >/dev/null 2>&1 &&
+      timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args $what --dump "$T/b.h5" </dev/null >/dev/null 2>&1
+    if "$ORACLE" diff --rtol 0 --atol 0 --mtol 0 "$T/a.h5" "$T/b.h5" >/dev/null 2>&1; then ok "$what $args: bit-identical to the default"
+    else bad "$what $args differs from the default layout"; fi
+    rm -f "$T/a.h5" "$T/b.h5"
+  done
+}

@@ -36,15 +36,7 @@ for L in "${LAYOUTS[@]}"; do
 done
 # nothing to pad (16x16 + 32 over 2 and 4): the default layout bit for bit
 tmpdir pad_layouts
-for L in "2|--ring 2" "4|--ulysses 2 --ring 2"; do
-  IFS='|' read -r n args <<<"$L"
-  # shellcheck disable=SC2086
-  timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args --dump "$T/a.h5" </dev/null >/dev/null 2>&1 &&
-    timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args --pad mask --dump "$T/b.h5" </dev/null >/dev/null 2>&1
-  if "$ORACLE" diff --rtol 0 --atol 0 --mtol 0 "$T/a.h5" "$T/b.h5" >/dev/null 2>&1; then ok "--pad mask $args, nothing to pad: bit-identical to the default"
-  else bad "--pad mask $args with nothing to pad differs from the default layout"; fi
-  rm -f "$T/a.h5" "$T/b.h5"
-done
+same_as_default "--pad mask" "2|--ring 2" "4|--ulysses 2 --ring 2"
 
 # 2. --pad nomask: measured. The worst relative L2 of the MEASURED line: > 1e-3 with 2 pad tokens
 #    a rank (5x7 + 13 over ring 2), < 1e-5 with none (16x16 + 32); one line per module
@@ -95,11 +87,5 @@ REFUSED=(
   "2|--ulysses 2 $G --pad nomask --inject ulysses-uneven-chunk|the layout pads already (--pad)"
   "1|--pad zero|--pad: 'zero' is not mask or nomask"
 )
-for c in "${REFUSED[@]}"; do
-  IFS='|' read -r n opts want <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" $opts); rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(grep -c '^flux-sim: error' <<<"$out")" -ge 1 ]; then ok "refused: $opts"
-  else bad "$opts: exit $rc, expected a refusal saying '$want'"; head -3 <<<"$out"; fi
-done
+expect_refusals "${REFUSED[@]}"
 finish

@@ -45,15 +45,7 @@ done
 
 # 2. --text sharded is the default layout: the same dump bit for bit
 tmpdir text_layouts
-for L in "2|--ring 2 $G" "4|$F2 --ulysses 2 --ring 2"; do
-  IFS='|' read -r n args <<<"$L"
-  # shellcheck disable=SC2086
-  timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args --dump "$T/a.h5" </dev/null >/dev/null 2>&1 &&
-    timeout 300 mpirun -np "$n" "$SIM" --steps 1 -q $args --text sharded --dump "$T/b.h5" </dev/null >/dev/null 2>&1
-  if "$ORACLE" diff --rtol 0 --atol 0 --mtol 0 "$T/a.h5" "$T/b.h5" >/dev/null 2>&1; then ok "--text sharded $args: bit-identical to the default"
-  else bad "--text sharded $args differs from the default layout"; fi
-  rm -f "$T/a.h5" "$T/b.h5"
-done
+same_as_default "--text sharded" "2|--ring 2 $G" "4|$F2 --ulysses 2 --ring 2"
 
 # 3. each ring rank's text copy is its own computation, judged on its own: a NaN in ring rank 1's
 #    copy of to_add_out (rank 0's is right) is caught there, and the report says which copy
@@ -96,11 +88,5 @@ REFUSED=(
   "1|--text both|--text: 'both' is not sharded or replicated"
   "1|--text replicated --joint middle|--joint: 'middle' is not front or rear"
 )
-for c in "${REFUSED[@]}"; do
-  IFS='|' read -r n opts want <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" $opts); rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(grep -c '^flux-sim: error' <<<"$out")" -ge 1 ]; then ok "refused: $opts"
-  else bad "$opts: exit $rc, expected a refusal saying '$want'"; head -3 <<<"$out"; fi
-done
+expect_refusals "${REFUSED[@]}"
 finish

@@ -64,11 +64,5 @@ REFUSED=(
   "4|--config odd --ulysses 2 --ring 2 --inject a2a-world-group|the local heads do not divide by ulysses·ring"
   "1|--mesh-order ring-outer|--mesh-order: 'ring-outer' is not ulysses-inner or ring-inner"
 )
-for c in "${REFUSED[@]}"; do
-  IFS='|' read -r n opts want <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" $opts); rc=$?
-  if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(grep -c '^flux-sim: error' <<<"$out")" -ge 1 ]; then ok "refused: $opts"
-  else bad "$opts: exit $rc, expected a refusal saying '$want'"; head -3 <<<"$out"; fi
-done
+expect_refusals "${REFUSED[@]}"
 finish

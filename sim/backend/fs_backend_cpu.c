@@ -94,6 +94,14 @@ static void cpu_host_free(fs_backend *be, void *p) { free(p); }
 
 #define PAR_BIG 65536 /* element loops worth threads */
 
+/* n bf16 values as float into f (exact). */
+static void up_into(float *f, const void *src, int64_t n)
+{
+    const uint16_t *h = src;
+#pragma omp parallel for simd if (n > PAR_BIG) schedule(static)
+    for (int64_t i = 0; i < n; i++) f[i] = fs_bf16_to_float(h[i]);
+}
+
 static float *up_buf(const void *src, fs_dtype dt, int64_t n)
 {
     float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
@@ -102,9 +110,7 @@ static float *up_buf(const void *src, fs_dtype dt, int64_t n)
         if (n) memcpy(f, src, sizeof(float) * (size_t)n);
         return f;
     }
-    const uint16_t *h = src;
-#pragma omp parallel for if (n > PAR_BIG) schedule(static)
-    for (int64_t i = 0; i < n; i++) f[i] = fs_bf16_to_float(h[i]);
+    up_into(f, src, n);
     return f;
 }
 static void down_buf(uint16_t *dst, const float *f, int64_t n)
@@ -138,14 +144,6 @@ static void up_rows_into(float *f, const void *src, int64_t M, int64_t K, int64_
 #pragma omp simd /* a shift per element: exact at any width (the bf16 path widens every weight) */
         for (int64_t k = 0; k < K; k++) fm[k] = fs_bf16_to_float(hm[k]);
     }
-}
-
-/* n bf16 values as float into f (exact). */
-static void up_into(float *f, const void *src, int64_t n)
-{
-    const uint16_t *h = src;
-#pragma omp parallel for simd if (n > PAR_BIG) schedule(static)
-    for (int64_t i = 0; i < n; i++) f[i] = fs_bf16_to_float(h[i]);
 }
 
 /* The bf16 gemm without native bf16 instructions: A and W widened to float32 (exact), sgemm,

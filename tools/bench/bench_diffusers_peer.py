@@ -24,6 +24,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch_peer import model_flops  # noqa: E402  (stdlib-only at import: the FLOPs as bench_forward counts them)
+
 PROG = "bench_diffusers_peer.py"
 
 
@@ -44,18 +47,6 @@ def parse_args(argv=None):
     if a.reps < 1 or a.threads < 1:
         die("--reps and --threads must be >= 1")
     return a
-
-
-def model_flops(cfg, s_img, s_txt):
-    """(Linear, attention) FLOPs of one forward, as tools/bench/bench_forward.c's shape list counts them."""
-    D = cfg["num_attention_heads"] * cfg["attention_head_dim"]
-    F, S, C = 4 * D, s_img + s_txt, cfg["in_channels"]
-    emb = (2 if cfg["guidance_embeds"] else 1) * (256 * D + D * D) + cfg["pooled_projection_dim"] * D + D * D
-    dbl = 2 * 6 * D * D + 4 * S * D * D + 2 * S * F * D
-    sgl = 3 * D * D + 3 * S * D * D + S * F * D + S * (D + F) * D
-    lin = s_img * C * D + s_txt * cfg["joint_attention_dim"] * D + emb + 2 * D * D + s_img * D * C \
-        + cfg["num_layers"] * dbl + cfg["num_single_layers"] * sgl
-    return 2.0 * lin, 4.0 * S * S * D * (cfg["num_layers"] + cfg["num_single_layers"])
 
 
 def main():
