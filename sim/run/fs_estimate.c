@@ -322,9 +322,13 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
      * phase adds, copies included. Measured 2026-11-28 (default config, batch 4, 64x64 tokens,
      * one bf16 rank, 1 thread, AVX512-BF16 without AMX): 355 MiB with fs_gemm's own choice (the
      * large GEMMs widened; this estimate 350). Forcing every GEMM through oneDNN
-     * (FS_GEMM_BF16=onednn) measured 299 MiB before 7fc4699's GEMM providers (estimate 291), but
-     * 441-482 MiB after them: oneDNN's working memory there is not modelled (an AMX machine, where
-     * oneDNN is the default, would see it). */
+     * (FS_GEMM_BF16=onednn) measured 299 MiB before 7fc4699's GEMM providers (estimate 291), and
+     * 441-497 MiB after them: ~85-120 MiB of it oneDNN's primitive cache (~10 MiB of JIT buffers per
+     * GEMM shape), switched off since de1fc9b (fs_gemm.c). What is left, 368-379 MiB against 291, is
+     * not modelled: it appears only when the float32 attention GEMMs go through dnnl_sgemm too
+     * (FS_GEMM_F32=openblas: 300-308 MiB), is 11 MiB at 32x32 tokens, batch 1, and is not the
+     * sgemm's own buffers (4-7 MiB measured alone) nor glibc's (MALLOC_* settings change nothing).
+     * An AMX machine runs exactly that combination (OpenBLAS 0.3.21 picks Prescott there too). */
     if (es2) out->bf16_scratch_bytes = max2(add(pers_dbl, dall), add(pers_sgl, sall)) - out->act_peak_bytes;
     /* a GPU rank: every weight of its shard resident, activations in the run dtype, flash
      * attention (no score blocks, no float32 copies) */
