@@ -26,18 +26,20 @@ static void usage(FILE *f)
             "usage: make-checkpoint [options] OUT\n"
             "\n"
             "Writes the synthetic weights flux-sim generates (--weights-seed N; the exact values of\n"
-            "fs_weights_synthetic, rounded to the file dtype) as a real FLUX.1 checkpoint. Streams tensor\n"
-            "by tensor; OUT is built under OUT.tmp-XXXXXX and renamed when complete; OUT must not exist.\n"
+            "fs_weights_synthetic, rounded to the file dtype) as a real FLUX.1 or FLUX.2 checkpoint. Streams\n"
+            "tensor by tensor; OUT is built under OUT.tmp-XXXXXX and renamed when complete; OUT must not\n"
+            "exist.\n"
             "\n"
-            "  --config NAME|FILE|DIR  preset (default, tiny, odd, flux-dev, flux-schnell), a config.json,\n"
-            "                          or a folder holding one [default]\n"
+            "  --config NAME|FILE|DIR  preset (default, tiny, odd, flux-dev, flux-schnell, flux2-dev,\n"
+            "                          flux2-klein-4b, flux2-klein-9b, flux2-default, flux2-tiny), a\n"
+            "                          config.json, or a folder holding one [default]\n"
             "  --weights-seed N        seed of the synthetic weights [0]\n"
             "  --layout L              diffusers: OUT is a transformer/ folder (config.json, sharded\n"
             "                                     diffusion_pytorch_model-*.safetensors, index.json)\n"
             "                          pipeline:  OUT is a pipeline folder (model_index.json,\n"
             "                                     scheduler/scheduler_config.json, transformer/)\n"
             "                          bfl:       OUT is one .safetensors file with BFL names\n"
-            "                                     (flux1-dev.safetensors layout) [diffusers]\n"
+            "                                     (flux1-dev / flux2-dev.safetensors layout) [diffusers]\n"
             "  --dtype D               bf16, f16 or f32 [bf16, as the released checkpoints]\n"
             "  --max-shard-size S      shard size limit, Hugging Face style: 10GB (= 10^10 bytes), 5GiB,\n"
             "                          500MB, or bytes [10GB, what FLUX.1-dev's 3 shards were cut with]\n"
@@ -48,7 +50,7 @@ static void usage(FILE *f)
             "  -q, --quiet             no progress on stderr\n"
             "  -h, --help\n"
             "\n"
-            "FLUX.1-dev (11.9 B parameters) in BF16 is 23.8 GB; see docs/scale.md.\n");
+            "FLUX.1-dev (11.9 B parameters) in BF16 is 23.8 GB, FLUX.2-dev (32.2 B) 64.4 GB; see docs/scale.md.\n");
 }
 
 static volatile sig_atomic_t interrupted = 0;
