@@ -5,7 +5,7 @@ mode, and seed 001 (the ring merge with a wrongly shaped LSE) as the customer hi
 MASTER_ADDR, MASTER_PORT), gloo, the CPU.
 
     peer_cp.py FAMILY REFDIR OUTDIR [--ring R] [--ulysses U] [--anything] [--steps N]
-               [--inputs FILE] [--bug lse-reduced]
+               [--inputs FILE] [--bug lse-reduced|timestep-ranks]
 
 FAMILY flux1 | flux2, REFDIR (config.json, weights.safetensors, dump_fp32.h5's /inputs or --inputs
 FILE) and the pipeline loop: as tests/peer_diffusers.py (whose helpers this imports), fp32.
@@ -34,6 +34,8 @@ PYTHONPATH (tools/install-peer.sh places it beside the venv); the patches apply 
 (their mean, one value per token, broadcast back to [B, S, H]) whenever the ring asks for it
 (return_lse), so the ring merge weighs every head's partial output by the heads' mean LSE.
 Planted at run time around the forward op; diffusers is not edited.
+--bug timestep-ranks: seed 000's broadcast into a temporary: every rank but 0 embeds timestep 0
+(its time embedding module's forward wrapped at run time).
 """
 import argparse
 import json
@@ -92,7 +94,7 @@ def main():
     ap.add_argument("--anything", action="store_true")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--inputs")
-    ap.add_argument("--bug", choices=["lse-reduced"])
+    ap.add_argument("--bug", choices=["lse-reduced", "timestep-ranks"])
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -160,6 +162,10 @@ def main():
         kw["ring_anything" if a.ulysses == 1 else "ulysses_anything"] = True
     cpc = ContextParallelConfig(**kw)
     model.enable_parallelism(config=cpc)
+    if a.bug == "timestep-ranks" and rank > 0:
+        emb = model.time_guidance_embed if f2 else model.time_text_embed
+        orig = emb.forward
+        emb.forward = lambda timestep, *args, **kw2: orig(timestep * 0, *args, **kw2)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "rank_{rank}.h5")
     what = ", ".join(f"{k}={v}" for k, v in kw.items())

@@ -10,7 +10,9 @@
 #      FLUX.1 odd (13 + 35 tokens, batch 2; tiny's 4 heads cannot: diffusers asserts that the heads
 #      padded to a multiple of 3 be fewer than the heads per rank). PASS, and the map's chunks are
 #      diffusers' tensor_split ones.
-#   b. the unified mode, ulysses_degree=2 x ring_degree=2 (4 processes), FLUX.1 tiny: PASS.
+#   b. the unified mode, ulysses_degree=2 x ring_degree=2 (4 processes), FLUX.1 tiny: PASS; seed
+#      000 planted there (every rank but 0 embeds timestep 0): exit 1 at step 0
+#      time_text_embed.time_proj, ranks [1, 2, 3].
 #   c. a reduced LSE planted into 0.42.1 (the attention op returns the heads' mean LSE to the ring
 #      merge; patched at run time), ring 3: exit 1 at step 0 transformer_blocks.0.attn.to_out.0
 #      (the first recorded output of the first ring attention), ranks [0, 1, 2].
@@ -97,6 +99,15 @@ if cp_pass "FLUX.1 tiny, unified ulysses_degree=2 x ring_degree=2 (4 processes)"
   got=$(pmap "$T/f1-uni/rank_3.h5" "(p['world'], p['mesh'], p['sharding']['x_embedder']['ranges'][3])")
   [ "$got" = "(4, {'tp': 1, 'ulysses': 2, 'ring': 2}, [[48, 64]])" ] && ok "unified map: world 4, rank 3 of the flattened (ring, ulysses) mesh holds image tokens 48-64" ||
     bad "unified map: $got"
+fi
+# seed 000 under the unified mode: every rank but 0 embeds timestep 0 (the broadcast into a temporary)
+if cp_run 4 "$T/uni-ts" -- flux1 "$REF/tiny" --ulysses 2 --ring 2 --bug timestep-ranks && [ -f "$T/f1-uni.ref.h5" ]; then
+  got=$(first_div "$T/uni-ts" "$T/f1-uni.ref.h5")
+  [ "$got" = "1 diverge 369 0 time_text_embed.time_proj [1, 2, 3]" ] &&
+    ok "timestep zeroed on ranks > 0 (unified 2 x 2): exit 1 at step 0 time_text_embed.time_proj, ranks [1, 2, 3]" ||
+    bad "timestep zeroed on ranks > 0, unified: $got (want 1 diverge 369 0 time_text_embed.time_proj [1, 2, 3])"
+else
+  bad "unified planted-bug run failed: $(grep -m1 Error "$T/uni-ts.log.0" 2>/dev/null)"
 fi
 
 # ---- c. a reduced LSE planted into 0.42.1's ring merge ----
