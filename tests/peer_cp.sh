@@ -6,10 +6,10 @@
 # one documented command: `flux-oracle diff DIR REF.h5`, REF = `flux-sim --weights W --inputs
 # DIR/rank_0.h5 --dump REF.h5`.
 #   a. degree 3, uneven chunks (no token count divides by 3): ring 3 with ring_anything on FLUX.1
-#      tiny (16 + 64 tokens) and FLUX.2 flux2-tiny (24 + 64); Ulysses 3 with ulysses_anything on
-#      FLUX.1 odd (13 + 35 tokens, batch 2; tiny's 4 heads cannot: diffusers asserts that the heads
-#      padded to a multiple of 3 be fewer than the heads per rank). PASS, and the map's chunks are
-#      diffusers' tensor_split ones.
+#      tiny (16 + 64 tokens) and FLUX.2 flux2-tiny (24 + 64); Ulysses 3 with ulysses_anything on a
+#      FLUX.1 config of 5 heads (padded to 6 by diffusers), 7 + 25 tokens, batch 2 (the references'
+#      4 heads cannot: diffusers asserts that the heads padded to a multiple of 3 be fewer than the
+#      heads per rank). PASS, and the map's chunks are diffusers' tensor_split ones.
 #   b. the unified mode, ulysses_degree=2 x ring_degree=2 (4 processes), FLUX.1 tiny: PASS; seed
 #      000 planted there (every rank but 0 embeds timestep 0): exit 1 at step 0
 #      time_text_embed.time_proj, ranks [1, 2, 3].
@@ -36,7 +36,7 @@ fi
 if ! "$VPY" -c "import torch, diffusers, h5py, safetensors; from diffusers import ContextParallelConfig" 2>/dev/null; then
   bad "peer venv $VENV does not import torch/diffusers (rerun tools/install-peer.sh)"; finish
 fi
-for d in tiny flux2-tiny odd; do
+for d in tiny flux2-tiny; do
   [ -f "$REF/$d/weights.safetensors" ] && [ -f "$REF/$d/dump_fp32.h5" ] ||
     skip_all "peer_cp: $REF/$d missing — diffusers' CP runs were NOT judged"
 done
@@ -79,7 +79,7 @@ cp_pass() {   # cp_pass WHAT NP WEIGHTS DIR -- FAMILY REFDIR ARGS...: the run, i
 pmap() {   # pmap FILE EXPR: EXPR on the file's parallel attribute p
   "$PY" -c "import h5py, json, sys; p = json.loads(h5py.File(sys.argv[1], 'r').attrs['parallel']); print(eval(sys.argv[2]))" "$1" "$2" 2>&1
 }
-W1=$REF/tiny/weights.safetensors W2=$REF/flux2-tiny/weights.safetensors WO=$REF/odd/weights.safetensors
+W1=$REF/tiny/weights.safetensors W2=$REF/flux2-tiny/weights.safetensors
 
 # ---- a. degree 3, uneven chunks ----
 if cp_pass "FLUX.1 tiny, ring 3 ring_anything (16 + 64 tokens)" 3 "$W1" "$T/f1-ring3" -- flux1 "$REF/tiny" --ring 3 --anything; then
@@ -88,11 +88,21 @@ if cp_pass "FLUX.1 tiny, ring 3 ring_anything (16 + 64 tokens)" 3 "$W1" "$T/f1-r
   [ "$got" = "$want" ] && ok "ring 3 map: tensor_split chunks 22/21/21 image, 6/5/5 text, nothing unmapped" || bad "ring 3 map: $got (want $want)"
 fi
 cp_pass "FLUX.2 flux2-tiny, ring 3 ring_anything (24 + 64 tokens)" 3 "$W2" "$T/f2-ring3" -- flux2 "$REF/flux2-tiny" --ring 3 --anything
-if cp_pass "FLUX.1 odd, Ulysses 3 ulysses_anything (13 + 35 tokens, batch 2, 6 heads)" 3 "$WO" "$T/odd-uly3" -- flux1 "$REF/odd" --ulysses 3 --anything; then
-  got=$(pmap "$T/odd-uly3/rank_1.h5" "(p['mesh']['ulysses'], p['sharding']['x_embedder']['ranges'], p['sharding']['pos_embed#0']['ranges'][1])")
-  [ "$got" = "(3, [[[0, 12]], [[12, 24]], [[24, 35]]], [[5, 9], [25, 37]])" ] && ok "Ulysses 3 map: image 12/12/11, rank 1's joint RoPE rows text 5-9 + image 25-37" ||
-    bad "Ulysses 3 map: $got"
-fi
+# Ulysses 3 on 5 heads (ulysses_anything pads them to 6: 2 per rank, the last rank's second one
+# padding), 7 + 25 tokens, batch 2; make-checkpoint weights, flux-sim inputs
+U5=$T/h5; mkdir -p "$U5"
+cat >"$U5/config.json" <<'JSON'
+{"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 8, "out_channels": null, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 5, "joint_attention_dim": 32, "pooled_projection_dim": 16, "guidance_embeds": true, "axes_dims_rope": [4, 6, 6]}
+JSON
+if "$B/make-checkpoint" -q --config "$U5/config.json" --dtype f32 --weights-seed 7 "$U5/ck" >"$U5/log" 2>&1 &&
+   cp "$U5/ck/diffusion_pytorch_model.safetensors" "$U5/weights.safetensors" &&
+   "$SIM" --weights "$U5/weights.safetensors" --grid 5x5 --txt-len 7 --batch 2 --steps 2 --dump "$U5/dump_fp32.h5" -q </dev/null >>"$U5/log" 2>&1; then
+  if cp_pass "FLUX.1 5 heads of 16, Ulysses 3 ulysses_anything (7 + 25 tokens, batch 2; heads padded to 6)" 3 "$U5/weights.safetensors" "$T/u5-uly3" -- flux1 "$U5" --ulysses 3 --anything; then
+    got=$(pmap "$T/u5-uly3/rank_1.h5" "(p['mesh']['ulysses'], p['sharding']['x_embedder']['ranges'], p['sharding']['pos_embed#0']['ranges'][1])")
+    [ "$got" = "(3, [[[0, 9]], [[9, 17]], [[17, 25]]], [[3, 5], [16, 24]])" ] && ok "Ulysses 3 map: image 9/8/8, rank 1's joint RoPE rows text 3-5 + image 16-24" ||
+      bad "Ulysses 3 map: $got"
+  fi
+else bad "Ulysses 3 config setup: $(tail -n 2 "$U5/log")"; fi
 
 # ---- b. the unified mode ----
 if cp_pass "FLUX.1 tiny, unified ulysses_degree=2 x ring_degree=2 (4 processes)" 4 "$W1" "$T/f1-uni" -- flux1 "$REF/tiny" --ulysses 2 --ring 2; then
