@@ -25,6 +25,13 @@
 # the CUDA libraries it links must be installed, ~2.6 GB from PyPI's nvidia-* wheels). The run
 # prints which one it used and records it in DIR/peer-stamp.
 #
+# Beside the venv, in DIR/diffusers-0.37.1/ (never in the repository), it places diffusers 0.37.1
+# (the customer's version of seed 001, a pure-Python wheel of 5 MB, `pip install --no-deps
+# --target`, from the same wheelhouse): tests/peer_cp.sh runs it with that folder first on
+# PYTHONPATH, the venv's torch and diffusers' dependencies under it. Where it cannot be had (no
+# wheel in the cache and no network) the script says so on one WARNING line and carries on: only
+# that part of tests/peer_cp.sh is SKIPPED.
+#
 # Idempotent: a venv whose stamp names the same pins is kept (seconds; flux_dump is reinstalled
 # when python/ changed); an interrupted or failed build leaves no stamp, so the next run rebuilds.
 # An error ends it with exit 1 and ONE line on stderr naming the step and the log
@@ -33,6 +40,7 @@ set -uo pipefail
 
 TORCH_VERSION=2.15.0
 DIFFUSERS_VERSION=0.42.1
+OLD_DIFFUSERS_VERSION=0.37.1   # seed 001's customer version, beside the venv (tests/peer_cp.sh)
 PINS=("h5py==3.16.0" "numpy==2.4.6" "safetensors==0.8.0")   # the versions the references were made with
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 GPU_ONLY_DEPS="triton cuda-bindings"
@@ -102,9 +110,33 @@ install_pkg() {   # this checkout's python/ (copied: a build in place leaves bui
   return $rc
 }
 
+place_old() {   # diffusers $OLD_DIFFUSERS_VERSION in $VENV/diffusers-$OLD_DIFFUSERS_VERSION: optional, never fatal
+  local dir=$VENV/diffusers-$OLD_DIFFUSERS_VERSION got
+  local chk="import diffusers; assert diffusers.__version__ == '$OLD_DIFFUSERS_VERSION', diffusers.__version__
+assert diffusers.__file__.startswith('$dir/'), diffusers.__file__
+from diffusers import FluxTransformer2DModel, ContextParallelConfig"
+  if [ -f "$dir/.placed" ] && PYTHONPATH=$dir "$VENV/bin/python" -c "$chk" >/dev/null 2>&1; then return 0; fi
+  rm -rf "$dir" "$dir.tmp"
+  if ! ls "$WH"/diffusers-"$OLD_DIFFUSERS_VERSION"-*.whl >/dev/null 2>&1; then
+    run "$VENV/bin/pip" --disable-pip-version-check download --no-deps -d "$WH" "diffusers==$OLD_DIFFUSERS_VERSION" ||
+      { say "WARNING: diffusers $OLD_DIFFUSERS_VERSION could not be downloaded into $WH (offline?): tests/peer_cp.sh's seed-001 part will be SKIPPED"; return 0; }
+  fi
+  if run "$VENV/bin/pip" --disable-pip-version-check install --no-deps --no-index --find-links "$WH" --target "$dir.tmp" \
+       "diffusers==$OLD_DIFFUSERS_VERSION" && mv "$dir.tmp" "$dir" && PYTHONPATH=$dir "$VENV/bin/python" -c "$chk" >>"$LOG" 2>&1; then
+    touch "$dir/.placed"
+    say "diffusers $OLD_DIFFUSERS_VERSION placed in $dir ($(du -sm "$dir" | cut -f1) MB; PYTHONPATH=$dir for tests/peer_cp.sh)"
+  else
+    rm -rf "$dir" "$dir.tmp"
+    say "WARNING: diffusers $OLD_DIFFUSERS_VERSION could not be installed into $dir (see $LOG): tests/peer_cp.sh's seed-001 part will be SKIPPED"
+  fi
+  return 0
+}
+
 if [ $CHECK -eq 1 ]; then
   if up_to_date && [ "$(sed -n 3p "$STAMP")" = "flux_dump=$PKG" ]; then
-    say "up to date: $VENV ($(sed -n 2p "$STAMP"))"; exit 0
+    say "up to date: $VENV ($(sed -n 2p "$STAMP"))"
+    [ -f "$VENV/diffusers-$OLD_DIFFUSERS_VERSION/.placed" ] || say "(diffusers $OLD_DIFFUSERS_VERSION is not placed beside it: tests/peer_cp.sh's seed-001 part would be SKIPPED)"
+    exit 0
   fi
   say "not installed or not up to date: $VENV"; exit 1
 fi
@@ -118,6 +150,7 @@ if [ $FORCE -eq 0 ] && up_to_date; then
     sed -i "3s/.*/flux_dump=$PKG/" "$STAMP"
     say "flux_dump reinstalled (python/ changed)"
   fi
+  place_old
   say "up to date in $(($(date +%s) - START)) s: $VENV ($(sed -n 2p "$STAMP"))"
   exit 0
 fi
@@ -186,4 +219,5 @@ case $SOURCE in
 esac
 { echo "$SPEC"; echo "$src"; echo "flux_dump=$PKG"; "$VENV/bin/pip" freeze 2>/dev/null; } >"$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP" ||
   die "writing $STAMP"
+place_old
 say "ready in $(($(date +%s) - START)) s: $VENV ($src; $(du -sm "$VENV" | cut -f1) MB; wheelhouse $(du -sm "$CACHE" | cut -f1) MB)"
