@@ -64,9 +64,10 @@ static void usage(FILE *f)
             "                        klein base's guidance_scale; S > 1): each step also runs the negative\n"
             "                        prompt, v = v_neg + S (v - v_neg); its modules recorded as name@k [off]\n"
             "  --neg-txt-len N       tokens of the negative prompt [--txt-len]\n"
-            "  --ref-grid HxW        FLUX.2: a reference image of HxW tokens through the KV cache\n"
-            "                        (Flux2KleinKVPipeline: step 0 kv_cache_mode extract on [reference;\n"
-            "                        noise], later steps cached); one rank, --tp or --ulysses [none]\n"
+            "  --ref-grid HxW[,...]  FLUX.2: reference images (at most 8) of HxW tokens each through the\n"
+            "                        KV cache (Flux2KleinKVPipeline: step 0 kv_cache_mode extract on\n"
+            "                        [references; noise], later steps cached); one rank, --tp or\n"
+            "                        --ulysses [none]\n"
             "  --scheduler S         dev (dynamic shift) or schnell (static shift 1) [dev if the config\n"
             "                        has a guidance embedder, else schnell]\n"
             "\n"
@@ -267,6 +268,33 @@ bad:
     return fs_errf(e, FS_E_INPUT, "%s: '%s' is not HxW with H, W >= 1 (e.g. 16x16)", opt, s);
 }
 
+/* --ref-grid HxW[,HxW...]: one grid per reference image, in the order the pipeline gets them */
+static int parse_ref_grids(const char *s, fs_gen_params *g, fs_err *e)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return fs_errf(e, FS_E_INPUT, "--ref-grid: '%.40s...' is too long", s);
+    strcpy(buf, s);
+    int n = 0;
+    int64_t R = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == FS_MAX_REF_IMAGES)
+            return fs_errf(e, FS_E_INPUT, "--ref-grid %s: more than %d reference images (a replayed dump may hold any "
+                                          "number)", s, FS_MAX_REF_IMAGES);
+        int rc = parse_grid("--ref-grid", tok, &g->ref_h[n], &g->ref_w[n], e);
+        if (rc) return rc;
+        R += (int64_t)g->ref_h[n] * g->ref_w[n];
+        n++;
+    }
+    /* "2x2," or ",2x2" or "2x2,,1x1" would lose a grid silently in strtok: refused */
+    if (!n || s[0] == ',' || s[strlen(s) - 1] == ',' || strstr(s, ",,"))
+        return fs_errf(e, FS_E_INPUT, "--ref-grid: '%s' is not HxW[,HxW...] with H, W >= 1 (e.g. 16x16,8x12)", s);
+    if (R > FS_MAX_IMG_TOKENS)
+        return fs_errf(e, FS_E_INPUT, "--ref-grid %s: %lld reference tokens; flux-sim runs at most %d", s, (long long)R,
+                       FS_MAX_IMG_TOKENS);
+    g->n_ref = n;
+    return FS_OK;
+}
+
 /* --clean PATH... (main runs it instead of a job) */
 #define MAX_CLEAN 64
 static const char *clean_paths[MAX_CLEAN];
@@ -352,7 +380,7 @@ static int parse_args(int argc, char **argv, opts *o, fs_err *e)
         case O_SEED: rc = parse_u64(optarg, "--seed", &o->gen.seed, e); o->gen_opt_given = 1; break;
         case O_GRID: rc = parse_grid("--grid", optarg, &o->gen.grid_h, &o->gen.grid_w, e); o->gen_opt_given = 1; break;
         case O_REFGRID:
-            rc = parse_grid("--ref-grid", optarg, &o->gen.ref_h, &o->gen.ref_w, e);
+            rc = parse_ref_grids(optarg, &o->gen, e);
             o->gen_opt_given = 1;
             break;
         case O_TXT:

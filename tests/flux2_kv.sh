@@ -14,6 +14,8 @@
 #   4. the names: step 0 records the reference embedding's second calls (time_guidance_embed@1,
 #      time_proj@2/@3, double_stream_modulation_img@1, single_stream_modulation@1) as diffusers'
 #      hooks do, step 1 none of them;
+#   4b. two reference images (--ref-grid 2x3,1x2: ids at t = 10 and 20, as _prepare_image_ids makes
+#      them): diffusers' fp64 run against flux-sim's replay, PASS at the fp64 bound;
 #   5. layouts: --tp 2, --tp 4, --ulysses 2, --tp 2 x --ulysses 2 and an uneven --ulysses 2 --check
 #      OK at fp64 1e-13 and their global dumps equal the single-rank one; fp32 and bf16 --ulysses 2
 #      --check OK; --ring 2, --dump-per-rank under Ulysses, true CFG, FLUX.1, --text replicated and
@@ -91,6 +93,20 @@ else
   fi
 fi
 
+# two reference images: the pipeline's ids (t = 10 + 10·i), diffusers on them, and a layout below
+"$SIM" --weights "$T/weights.safetensors" --config "$T/config.json" --grid 3x4 --txt-len 5 --ref-grid 2x3,1x2 --steps 2 \
+  --dump "$T/multi.h5" -q </dev/null >"$T/multi.log" 2>&1 || bad "--ref-grid 2x3,1x2: $(tail -1 "$T/multi.log")"
+n=$("$PY" -c "import h5py; f = h5py.File('$T/multi.h5'); i = f['inputs/image_latent_ids'][...]; print(f['inputs/image_latents'].shape, i[0].tolist(), i[5].tolist(), i[6].tolist(), i[7].tolist())" 2>&1)
+[ "$n" = "(1, 8, 16) [10.0, 0.0, 0.0, 0.0] [10.0, 1.0, 2.0, 0.0] [20.0, 0.0, 0.0, 0.0] [20.0, 0.0, 1.0, 0.0]" ] &&
+  ok "--ref-grid 2x3,1x2: 8 reference tokens, image 0 at t = 10, image 1 at t = 20" || bad "two reference images' inputs: $n"
+if [ -x "$VPY" ] && [ -f "$VENV/peer-stamp" ]; then
+  if timeout 300 "$VPY" tests/peer_diffusers.py flux2 "$T" "$T/dmulti.h5" --kv --steps 2 --inputs "$T/multi.h5" --fp64 \
+       >"$T/dmulti.log" 2>&1 && replay "$T/dmulti.h5" "$T/smulti.h5" --precision fp64 &&
+     out=$("$ORACLE" diff "$T/dmulti.h5" "$T/smulti.h5" -q 2>&1) && grep -q '^PASS' <<<"$out"; then
+    ok "two reference images (ids = diffusers' _prepare_image_ids), fp64 vs diffusers' KV pipeline (worst rel L2 $(worst "$T/dmulti.h5" "$T/smulti.h5" | cut -d' ' -f1,3)): $out"
+  else bad "two reference images vs diffusers: ${out:-$(tail -2 "$T/dmulti.log" "$T/smulti.h5.log" 2>/dev/null)}"; fi
+fi
+
 # 5. layouts
 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/in.h5" --precision fp64 --dump "$T/one.h5" -q </dev/null >"$T/one.log" 2>&1 ||
   bad "single-rank fp64 KV run: $(tail -1 "$T/one.log")"
@@ -98,7 +114,9 @@ fi
 "$SIM" --weights "$T/weights.safetensors" --config "$T/config.json" --grid 3x3 --txt-len 5 --ref-grid 2x2 --steps 2 \
   --dump "$T/odd.h5" -q </dev/null >"$T/odd.log" 2>&1 || bad "uneven inputs: $(tail -1 "$T/odd.log")"
 "$SIM" --weights "$T/weights.safetensors" --inputs "$T/odd.h5" --precision fp64 --dump "$T/odd1.h5" -q </dev/null >/dev/null 2>&1
+"$SIM" --weights "$T/weights.safetensors" --inputs "$T/multi.h5" --precision fp64 --dump "$T/multi1.h5" -q </dev/null >/dev/null 2>&1
 for L in "2|--tp 2|in|one" "4|--tp 4|in|one" "2|--ulysses 2|in|one" "4|--tp 2 --ulysses 2|in|one" "2|--ulysses 2|odd|odd1" \
+         "2|--ulysses 2|multi|multi1" \
          "3|--tp 1 --ulysses 1 --ring 1 --tp 1|skip|skip"; do
   IFS='|' read -r np lay inp one <<<"$L"; [ "$inp" = skip ] && continue
   out=$(timeout 300 mpirun -np $np "$SIM" --weights "$T/weights.safetensors" --inputs "$T/$inp.h5" --precision fp64 $lay \

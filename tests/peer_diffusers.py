@@ -195,6 +195,24 @@ def main():
             block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
         kv = dict(latents=inp["image_latents"].to(dt),
                   ids=inp["image_latent_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1))
+        # the ids must be the pipeline's own: rebuild them with Flux2KleinKVPipeline's
+        # _prepare_image_ids from latents of each image's grid (read off the ids' t groups). The
+        # pipeline's module imports transformers, which the peer venv lacks: the function's own
+        # source is taken from the installed file and run alone (it uses torch only).
+        import ast
+        import diffusers.pipelines.flux2 as f2pkg
+        src = open(os.path.join(os.path.dirname(f2pkg.__file__), "pipeline_flux2_klein_kv.py")).read()
+        fn = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef) and n.name == "_prepare_image_ids")
+        fn.decorator_list = []
+        ns = {"torch": torch}
+        exec(compile(ast.Module(body=[fn], type_ignores=[]), "pipeline_flux2_klein_kv.py", "exec"), ns)
+        ids0, grids = kv["ids"][0], []
+        for t in torch.unique_consecutive(ids0[:, 0]).tolist():
+            g = ids0[ids0[:, 0] == t]
+            grids.append(torch.zeros(1, 1, int(g[:, 1].max()) + 1, int(g[:, 2].max()) + 1))
+        want = ns["_prepare_image_ids"](grids)[0]
+        if not torch.equal(want, ids0):
+            sys.exit(f"peer_diffusers: /inputs/image_latent_ids are not _prepare_image_ids' for {len(grids)} image(s)")
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)

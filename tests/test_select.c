@@ -59,7 +59,7 @@ static int check_agrees(const char *label, const fs_config *cfg, double true_cfg
     fs_weights w;
     if (fs_weights_synthetic(&w, cfg, FS_F32, 0, &e)) fail_msg("%s: %s", label, e.msg);
     fs_gen_params gp = {.seed = 1, .batch = 1, .grid_h = 2, .grid_w = 2, .txt_len = 3, .steps = 1, .guidance = 3.5,
-                        .true_cfg_scale = true_cfg, .ref_h = ref ? 2 : 0, .ref_w = ref ? 3 : 0};
+                        .true_cfg_scale = true_cfg, .n_ref = ref ? 1 : 0, .ref_h = {2}, .ref_w = {3}};
     assert_int_equal(fs_sched_preset(&gp.sched, "dev", NULL), 0);
     fs_inputs in;
     if (fs_inputs_generate(&in, cfg, FS_F32, &gp, &e)) fail_msg("%s: %s", label, e.msg);

@@ -61,14 +61,15 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
         if (c->family == FS_FLUX2)
             for (int l = 0; l < Sn; l++) ((double *)in->negative_txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     }
-    if (p->ref_h > 0 && p->ref_w > 0) { /* one reference image: t = scale + scale·0 = 10 */
-        if ((rc = fs_inputs_alloc_ref(in, c, dt, p->ref_h * p->ref_w, e))) goto fail;
+    if (p->n_ref > 0) { /* image i's tokens after image i-1's, at t = scale + scale·i, scale 10 */
+        int64_t R = 0;
+        for (int i = 0; i < p->n_ref; i++) R += (int64_t)p->ref_h[i] * p->ref_w[i];
+        if ((rc = fs_inputs_alloc_ref(in, c, dt, (int)R, e))) goto fail;
         fill_normal(&in->image_latents, p->seed, "inputs.image_latents");
-        for (int r = 0; r < p->ref_h; r++)
-            for (int col = 0; col < p->ref_w; col++) {
-                double *id = (double *)in->image_latent_ids.data + (size_t)(r * p->ref_w + col) * nax;
-                id[0] = 10, id[1] = r, id[2] = col;
-            }
+        double *id = (double *)in->image_latent_ids.data;
+        for (int i = 0; i < p->n_ref; i++)
+            for (int r = 0; r < p->ref_h[i]; r++)
+                for (int col = 0; col < p->ref_w[i]; col++, id += nax) id[0] = 10 + 10 * i, id[1] = r, id[2] = col;
     }
     if ((rc = fs_sched_sigmas(&p->sched, p->steps, in->S_img, dt, in->sigmas.data, in->timesteps.data, e))) goto fail;
     return FS_OK;

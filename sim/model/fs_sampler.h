@@ -12,6 +12,9 @@
 #include "fs_model.h"
 #include "fs_schedule.h"
 
+/* --ref-grid takes at most this many reference images (a replayed dump may hold any number) */
+#define FS_MAX_REF_IMAGES 8
+
 /* Inputs generated from a seed for a token grid (grid_h × grid_w image tokens, i.e. a
  * 16·grid_h × 16·grid_w pixel image). Noise, text embeddings and pooled vector are standard
  * normal from fs_rng keyed "inputs.<name>" — the packed latents are drawn directly in token
@@ -26,10 +29,12 @@ typedef struct fs_gen_params {
      * prompt's */
     double true_cfg_scale;
     int neg_txt_len;
-    /* FLUX.2 reference image through the KV cache (ref_h·ref_w > 0): its packed latents standard
-     * normal keyed "inputs.image_latents", its ids Flux2KleinKVPipeline._prepare_image_ids':
-     * (10, row, col, 0) */
-    int ref_h, ref_w;
+    /* FLUX.2 reference images through the KV cache (n_ref > 0), image i of ref_h[i] x ref_w[i]
+     * tokens: their packed latents, concatenated in order, standard normal keyed
+     * "inputs.image_latents"; their ids Flux2KleinKVPipeline._prepare_image_ids':
+     * (10 + 10·i, row, col, 0) */
+    int n_ref;
+    int ref_h[FS_MAX_REF_IMAGES], ref_w[FS_MAX_REF_IMAGES];
 } fs_gen_params;
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
 

@@ -282,7 +282,7 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     if (!rc) /* the run would refuse it up front too */
         rc = fs_select_check_model(&sel, &cfg,
                                    o->inputs ? fs_names_flags(in.true_cfg_scale > 0, in.S_ref > 0)
-                                             : fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e);
+                                             : fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.n_ref > 0), e);
     int tp = o->tp, uly = o->ulysses, ring = o->ring;
     if (!rc && !tp && !uly && !ring) fs_par_default_layout(&cfg, world->size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
     tp = tp ? tp : 1;
@@ -399,7 +399,7 @@ static int configure_inputs(fs_job *j, fs_err *e)
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
                    /* --dump-modules that selects nothing of this model: refused before any work */
                    !(rc = fs_select_check_model(&j->sel, &j->cfg,
-                                                fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.ref_h > 0), e)) &&
+                                                fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.n_ref > 0), e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
                                             o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {
