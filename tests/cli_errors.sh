@@ -93,6 +93,9 @@ check no-inputs      "no /inputs"              --inputs "$T/noinputs.h5"
 check missing-dump   "/nonexistent/in.h5"      --inputs /nonexistent/in.h5
 check bad-precision  "fp16"                    --precision fp16
 check bad-grid       "--grid"                  --grid 0x3
+check ref-grid-comma "2x3,"                    --config flux2-tiny --ref-grid 2x3,
+check ref-grid-empty "1x1,,1x1"                --config flux2-tiny --ref-grid 1x1,,1x1
+check ref-grid-nine  "more than 8 reference images" --config flux2-tiny --ref-grid 1x1,1x1,1x1,1x1,1x1,1x1,1x1,1x1,1x1
 # unwritable dump path: the dump goes to a directory that does not exist
 "$SIM" -q $C --weights "$T/good.safetensors" --dump /nonexistent/dir/out.h5 >/dev/null 2>"$T/stderr"; rc=$?
 if [ $rc -eq 2 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] && grep -q "/nonexistent/dir/out.h5" "$T/stderr"; then
