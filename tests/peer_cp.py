@@ -43,11 +43,10 @@ import os
 import sys
 
 import h5py
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import calculate_shift, compute_empirical_mu, cpu_patches   # noqa: E402
+from peer_diffusers import cpu_patches, pipeline_schedule   # noqa: E402
 
 
 def anything_patches():
@@ -145,16 +144,7 @@ def main():
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
-    sigmas = np.linspace(1.0, 1 / N, N)
-    if f2:
-        mu = compute_empirical_mu(image_seq_len=S_img, num_steps=N)
-    else:
-        c = scheduler.config
-        mu = calculate_shift(S_img, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-    scheduler.set_timesteps(sigmas=sigmas, device="cpu", mu=mu)
-    timesteps = scheduler.timesteps
-    scheduler.set_begin_index(0)
+    timesteps = pipeline_schedule(scheduler, S_img, N, f2)
 
     model.set_attention_backend("_native_flash")                 # patch 2
     kw = dict(ring_degree=a.ring, ulysses_degree=a.ulysses)

@@ -46,25 +46,35 @@ import numpy as np
 import torch
 
 
-# The pipelines' schedule helpers, as diffusers 0.42.1 has them (pipelines/flux/pipeline_flux.py,
-# pipelines/flux2/pipeline_flux2.py): those modules import transformers (the text encoders) at
-# import time, which this venv does not install.
-def calculate_shift(image_seq_len, base_seq_len=256, max_seq_len=4096, base_shift=0.5, max_shift=1.15):
-    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
-    b = base_shift - m * base_seq_len
-    return image_seq_len * m + b
+# The pipelines' own functions, taken from the installed diffusers' source and run alone: their
+# modules (pipelines/flux/pipeline_flux.py, pipelines/flux2/pipeline_flux2*.py) import transformers
+# (the text encoders) at import time, which this venv does not install. What runs is diffusers'
+# code of the installed version, not a copy: calculate_shift, compute_empirical_mu (FLUX.2's mu)
+# and _prepare_image_ids (the reference images' ids).
+def pipeline_function(module, name):
+    import ast
+    import diffusers.pipelines as pkg
+    path = os.path.join(os.path.dirname(pkg.__file__), *module.split(".")) + ".py"
+    tree = ast.parse(open(path).read())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.decorator_list = []                                     # @staticmethod
+    ns = {"torch": torch, "np": np}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)
+    return ns[name]
 
 
-def compute_empirical_mu(image_seq_len, num_steps):
-    a1, b1 = 8.73809524e-05, 1.89833333
-    a2, b2 = 0.00016927, 0.45666666
-    if image_seq_len > 4300:
-        return float(a2 * image_seq_len + b2)
-    m_200 = a2 * image_seq_len + b2
-    m_10 = a1 * image_seq_len + b1
-    a = (m_200 - m_10) / 190.0
-    b = m_200 - 200.0 * a
-    return float(a * num_steps + b)
+def pipeline_schedule(scheduler, S_img, N, flux2):
+    """The pipelines' schedule: sigmas linspace(1, 1/N, N), their mu, retrieve_timesteps."""
+    if flux2:
+        mu = pipeline_function("flux2.pipeline_flux2", "compute_empirical_mu")(image_seq_len=S_img, num_steps=N)
+    else:
+        c = scheduler.config
+        mu = pipeline_function("flux.pipeline_flux", "calculate_shift")(
+            S_img, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+            c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / N, N), device="cpu", mu=mu)   # retrieve_timesteps(..., sigmas=, mu=)
+    scheduler.set_begin_index(0)
+    return scheduler.timesteps
 
 
 def cpu_patches():
@@ -195,37 +205,19 @@ def main():
             block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
         kv = dict(latents=inp["image_latents"].to(dt),
                   ids=inp["image_latent_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1))
-        # the ids must be the pipeline's own: rebuild them with Flux2KleinKVPipeline's
-        # _prepare_image_ids from latents of each image's grid (read off the ids' t groups). The
-        # pipeline's module imports transformers, which the peer venv lacks: the function's own
-        # source is taken from the installed file and run alone (it uses torch only).
-        import ast
-        import diffusers.pipelines.flux2 as f2pkg
-        src = open(os.path.join(os.path.dirname(f2pkg.__file__), "pipeline_flux2_klein_kv.py")).read()
-        fn = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef) and n.name == "_prepare_image_ids")
-        fn.decorator_list = []
-        ns = {"torch": torch}
-        exec(compile(ast.Module(body=[fn], type_ignores=[]), "pipeline_flux2_klein_kv.py", "exec"), ns)
+        # the ids must be the pipeline's own: Flux2KleinKVPipeline's _prepare_image_ids on latents
+        # of each image's grid (read off the ids' t groups)
         ids0, grids = kv["ids"][0], []
         for t in torch.unique_consecutive(ids0[:, 0]).tolist():
             g = ids0[ids0[:, 0] == t]
             grids.append(torch.zeros(1, 1, int(g[:, 1].max()) + 1, int(g[:, 2].max()) + 1))
-        want = ns["_prepare_image_ids"](grids)[0]
+        want = pipeline_function("flux2.pipeline_flux2_klein_kv", "_prepare_image_ids")(grids)[0]
         if not torch.equal(want, ids0):
             sys.exit(f"peer_diffusers: /inputs/image_latent_ids are not _prepare_image_ids' for {len(grids)} image(s)")
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
-    sigmas = np.linspace(1.0, 1 / N, N)
-    if f2:
-        mu = compute_empirical_mu(image_seq_len=S_img, num_steps=N)
-    else:
-        c = scheduler.config
-        mu = calculate_shift(S_img, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-    scheduler.set_timesteps(sigmas=sigmas, device="cpu", mu=mu)    # retrieve_timesteps(..., sigmas=, mu=)
-    timesteps = scheduler.timesteps
-    scheduler.set_begin_index(0)
+    timesteps = pipeline_schedule(scheduler, S_img, N, f2)
 
     kw = {}
     if a.cp:
