@@ -215,7 +215,8 @@ static uint64_t joint_attention_elems(uint64_t B, uint64_t si, uint64_t St, uint
     const uint64_t maxn = Sui;                                /* a ring chunk: a Ulysses group's image tokens */
     ring = add(ring, p2p ? mul3(4 * B, maxn, hb) : mul3(2 * B, pad ? mul(R, maxn) : Sig0, hb));
     ring = add(ring, mul3(2 * B, add(maxn, St), hb)); /* the step the text joins: [text | chunk] */
-    if (pad) ring = add(ring, mul3(pad == 1 ? 4 * B : 2 * B, maxn, hb)); /* own K/V padded; mask: a chunk cut */
+    if (pad && mul(R, maxn) != Sig0) /* uneven chunks: own K/V padded; mask: a chunk cut to its keys */
+        ring = add(ring, mul3(pad == 1 ? 4 * B : 2 * B, maxn, hb));
     return add(common, max2(ring, post));
 }
 
@@ -369,10 +370,14 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
             spbuf = add(spbuf, add(mul3(Bf, Su, h_dh), mul3(2, Bf, mul(Su, h_dh / Dh)))); /* partial output, two LSEs */
             if (!pad)
                 spbuf = add(spbuf, r->ring_p2p ? mul(mul3(4, Bf, ceil_div((int64_t)Sg, R)), h_dh) : mul(mul3(2, Bf, Sg), h_dh));
-            else /* --pad: every chunk at the longest (maxn = U·S), gathered or double-buffered; a
-                  * shorter rank's own K and V copied to it (inject_pad_chunks); --pad mask cuts each
-                  * padded chunk to its real keys (ring_step_at: one K and V copy at a time) */
-                spbuf = add(spbuf, mul(mul3(Bf, add(r->ring_p2p ? 4 : mul(2, (uint64_t)R), r->pad == 1 ? 4 : 2), maxn), h_dh));
+            else /* --pad: every chunk at the longest (maxn = U·S), gathered or double-buffered; when
+                  * the chunks are uneven, a shorter rank's own K and V copied to it (inject_pad_chunks)
+                  * and, --pad mask, each padded chunk cut to its real keys (ring_step_at: one K and V
+                  * copy at a time) */
+                spbuf = add(spbuf, mul(mul3(Bf, add(r->ring_p2p ? 4 : mul(2, (uint64_t)R),
+                                                    mul((uint64_t)R, maxn) == Sg ? 0 : r->pad == 1 ? 4 : 2),
+                                            maxn),
+                                       h_dh));
         }
     }
     if (Rref) spbuf = add(spbuf, kv_attention_elems(Bf, S, St, Rref, Si1 + St, Dl, (uint64_t)U));
