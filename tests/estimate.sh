@@ -190,6 +190,16 @@ else bad "--device-mem 16Q: rc $rc"; cat "$T/out"; fi
 "$SIM" --estimate --config flux-dev --tp 5 >"$T/out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "24 heads do not divide over tp 5" "$T/out"; then ok "--estimate --tp 5 on 24 heads: exit 2"
 else bad "--estimate --tp 5: rc $rc"; cat "$T/out"; fi
+# --estimate refuses the KV-cache layouts the run refuses (fs_job.c kv_refusal; fs_sample's
+# Ulysses rank 0 holding only reference tokens at step 0), one line, exit 2
+for L in "rank 0 would hold only reference tokens|--config flux2-default --grid 32x32 --ref-grid 32x32 --ulysses 2" \
+         "not under --ring|--config flux2-default --grid 32x32 --ref-grid 4x4 --ring 2" \
+         "not on FLUX.1|--config default --grid 8x8 --ref-grid 2x2"; do
+  want=${L%%|*}; args=${L#*|}
+  "$SIM" --estimate $args >"$T/out" 2>&1; rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$T/out")" -eq 1 ] && grep -q "$want" "$T/out"; then ok "--estimate $args: exit 2, one line"
+  else bad "--estimate $args: rc $rc"; cat "$T/out"; fi
+done
 out=$("$SIM" --estimate --config flux-dev --precision bf16 --grid 64x64 --txt-len 512 --tp 4 --device-mem 8G); rc=$?
 if [ $rc -eq 0 ] && grep -q "fits a 8 GiB device: NO" <<<"$out"; then ok "--device-mem 8G: TP 4 does not fit an 8 GiB GPU (said, exit 0)"
 else bad "--device-mem 8G verdict"; echo "$out" | tail -4; fi
