@@ -579,9 +579,20 @@ static int estimate_main(const opts *o, fs_err *e)
            "%lld text tokens, %d step%s\n",
            cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads * cfg.attention_head_dim,
            (double)e0.params * 1e-9, dtn, B, (long long)Si, (long long)St, steps, steps == 1 ? "" : "s");
-    printf("  layout: %d rank%s, %stp %d x ulysses %d x ring %d%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
+    printf("  layout: %d rank%s, %stp %d x ulysses %d x ring %d%s%s%s; %lld tokens on the busiest rank\n", n, n > 1 ? "s" : "",
            o->cfg_parallel ? "cfg 2 x " : "", tp, uly, ring, ring > 1 ? (r0.ring_p2p ? " (p2p)" : " (allgather)") : "",
+           r1.text_replicated && uly * ring > 1 ? ", text replicated" : "",
+           !r1.pad || uly * ring < 2 ? "" : r1.pad == 1 ? ", padded with a key mask" : ", padded without a mask",
            (long long)e1.tokens_rank);
+    if (r1.true_cfg) /* fs_estimate.c: what each form of true CFG holds */
+        printf("  true CFG: %s, negative prompt of %lld tokens\n",
+               r1.cfg_parallel ? "each CFG group runs one of the two calls" : r1.cfg_batched ? "both calls as one forward of batch 2B"
+                                                                                        : "two calls a step, one after the other",
+               (long long)r1.neg_txt_tokens);
+    if (r1.ref_tokens)
+        printf("  KV cache: %lld reference tokens; step 0 runs on %lld image tokens, the later steps on %lld with the "
+               "reference's K and V cached\n",
+               (long long)r1.ref_tokens, (long long)(Si + r1.ref_tokens), (long long)Si);
     printf("  per rank                            flux-sim here (CPU)   a GPU holding every weight\n");
     printf("    weights                           %10s%s   %10s\n", BY(0, e1.weight_bytes),
            e1.streamed ? " (streamed)" : "           ", BY(1, e1.weight_resident_bytes));
@@ -589,8 +600,10 @@ static int estimate_main(const opts *o, fs_err *e)
     printf("    inputs and latents                %10s              %10s\n", BY(3, e1.input_bytes), BY(4, e1.input_bytes));
     printf("    activations at their peak         %10s              %10s\n", BY(5, e1.act_peak_bytes),
            BY(6, e1.device_bytes - e1.weight_resident_bytes - e1.input_bytes));
+    if (e1.kv_cache_bytes) printf("      of which the KV cache           %10s\n", BY(7, e1.kv_cache_bytes));
     if (e1.staging_bytes) printf("    checkpoint pages being decoded    %10s\n", BY(7, e1.staging_bytes));
     if (e1.bf16_scratch_bytes) printf("    bf16 kernels' float32 copies      %10s\n", BY(7, e1.bf16_scratch_bytes));
+    if (e1.cfg_kept_bytes) printf("    a CFG call's records, kept        %10s\n", BY(7, e1.cfg_kept_bytes));
     if (e1.gather_bytes) printf("    rank 0 assembling a global tensor %10s\n", BY(8, e1.gather_bytes));
     printf("    process (libraries, MPI, BLAS)    %10s\n", BY(9, r1.baseline_bytes));
     printf("    total                             %10s              %10s (model only: no text encoders, VAE, CUDA "
@@ -623,6 +636,9 @@ static int estimate_main(const opts *o, fs_err *e)
     if (e1.ring.calls)
         printf(" ring %s %llu, %s;", r1.ring_p2p ? "p2p" : "allgather", (unsigned long long)e1.ring.calls,
                BY(4, e1.ring.bytes));
+    if (e1.text_gather.calls)
+        printf(" text all-gather %llu, %s;", (unsigned long long)e1.text_gather.calls, BY(4, e1.text_gather.bytes));
+    if (e1.cfg_gather.calls) printf(" cfg all-gather %llu, %s;", (unsigned long long)e1.cfg_gather.calls, BY(4, e1.cfg_gather.bytes));
     printf("\n");
     printf("  dump: %s per step%s, %s for the run (uncompressed)\n", BY(5, e0.dump_step_bytes),
            r0.modules_narrowed ? " (latents only: the --dump-modules volume is not estimated)" : "",

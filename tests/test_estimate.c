@@ -372,6 +372,186 @@ static void test_job_estimate(void **s)
     fs_comm_finalize();
 }
 
+/* Bytes of every dataset of one group of a float64 dump */
+static uint64_t group_bytes(const char *path, const char *group)
+{
+    fo_file *f;
+    fs_err e = {0};
+    if (fo_file_open(&f, path, &e)) fail_msg("%s", e.msg);
+    fo_names names = {0};
+    fo_order_source src;
+    if (fo_group_order(f, group, &names, &src, &e)) fail_msg("%s: %s", group, e.msg);
+    uint64_t bytes = 0;
+    for (int i = 0; i < names.n; i++) {
+        char ds_path[400];
+        snprintf(ds_path, sizeof ds_path, "%s/%s", group, names.v[i]);
+        fo_dataset ds = {0};
+        if (fo_dataset_info(f, ds_path, &ds, &e)) fail_msg("%s", e.msg);
+        uint64_t n = 1;
+        for (int d = 0; d < ds.ndim; d++) n *= (uint64_t)ds.shape[d];
+        bytes += n * 8;
+        fo_dataset_free(&ds);
+    }
+    fo_names_free(&names);
+    fo_file_close(f);
+    return bytes;
+}
+
+/* A real float64 dump of flux-sim with `args` (one rank) */
+static void make_dump(const char *dir, const char *name, const char *args, char *path, size_t n)
+{
+    snprintf(path, n, "%s/%s.h5", dir, name);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "build/flux-sim -q --precision fp64 --steps 2 %s --dump %s >%s/%s.log 2>&1 </dev/null", args,
+             path, dir, name);
+    if (system(cmd) != 0) fail_msg("%s failed (see %s/%s.log)", cmd, dir, name);
+}
+
+/* True CFG and the KV cache change what a step records: the estimate is exact against real dumps.
+ * True CFG: the second call's modules (name@k) on the negative prompt's own length, both steps;
+ * --cfg-batched records the same (the dump is the sequential run's). The KV cache: step 0 over
+ * [reference; noise] with the reference's embedding; step 1 a plain step. */
+static void test_option_dumps_exact(void **s)
+{
+    char dir[64], p[300];
+    fs_test_tmpdir(dir, sizeof dir);
+    const struct { const char *preset, *args; int cfg, neg, bat, ref; } cases[] = {
+        {"odd", "--config odd --grid 4x6 --txt-len 8 --true-cfg-scale 4 --neg-txt-len 5", 1, 5, 0, 0},
+        {"flux2-tiny", "--config flux2-tiny --grid 4x6 --txt-len 8 --true-cfg-scale 4 --neg-txt-len 5", 1, 5, 0, 0},
+        {"odd", "--config odd --grid 4x6 --txt-len 8 --true-cfg-scale 4 --cfg-batched", 1, 8, 1, 0},
+        {"flux2-tiny", "--config flux2-tiny --grid 4x6 --txt-len 8 --ref-grid 2x3", 0, 0, 0, 6},
+    };
+    for (size_t k = 0; k < FS_ARRAY_LEN(cases); k++) {
+        char name[16];
+        snprintf(name, sizeof name, "case%zu", k);
+        make_dump(dir, name, cases[k].args, p, sizeof p);
+        fs_config c;
+        fs_config_preset(&c, cases[k].preset, NULL);
+        fs_estimate_req r = req(&c, 8, 1, 24, 8, 2);
+        r.true_cfg = cases[k].cfg;
+        r.neg_txt_tokens = cases[k].neg;
+        r.cfg_batched = cases[k].bat;
+        r.records = 1;
+        r.ref_tokens = cases[k].ref;
+        fs_estimate est, plain;
+        fs_err e = {0};
+        assert_int_equal(fs_estimate_compute(&r, &est, &e), 0);
+        const uint64_t s0 = group_bytes(p, "/step_0000"), s1 = group_bytes(p, "/step_0001");
+        print_message("      %s: steps %" PRIu64 " + %" PRIu64 " bytes, estimate %" PRIu64 " per step\n", cases[k].args, s0,
+                      s1, est.dump_step_bytes);
+        if (est.dump_step_bytes != s0) fail_msg("%s: estimate %" PRIu64 ", step_0000 holds %" PRIu64, cases[k].args,
+                                                est.dump_step_bytes, s0);
+        if (cases[k].ref) { /* step 1: a plain step, and the whole run's steps as estimated */
+            fs_estimate_req q = req(&c, 8, 1, 24, 8, 2);
+            assert_int_equal(fs_estimate_compute(&q, &plain, &e), 0);
+            assert_true(plain.dump_step_bytes == s1 && s0 > s1);
+            assert_true(est.dump_bytes - plain.dump_bytes == s0 - s1 + 6 * 16 * 8 + 6 * 4 * 8); /* + image_latents, ids */
+        } else assert_true(s1 == s0);
+    }
+}
+
+/* The layouts of issue 20 and the KV cache, each against what it allocates (fs_estimate.c) */
+static void test_layout_options(void **s)
+{
+    fs_config c, f2;
+    fs_config_preset(&c, "default", NULL);
+    fs_config_preset(&f2, "flux2-default", NULL);
+    const uint64_t D = 256, L = 2 + 4; /* default and flux2-default: 8 heads x 32; 2 + 4 blocks */
+    fs_estimate base, x, y;
+    fs_err e = {0};
+    /* --text replicated under Ulysses 2: every text token on the rank, the joint path's buffers;
+     * the image tokens alone exchanged, the text's output heads all-gathered once per attention;
+     * the dump (global tensors, one copy of the text) unchanged */
+    fs_estimate_req r = req(&c, 4, 4, 1024, 512, 1);
+    r.ulysses = 2;
+    assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+    r.text_replicated = 1;
+    assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+    assert_int_equal(x.tokens_rank, 512 + 512);
+    assert_true(x.act_peak_bytes > base.act_peak_bytes && x.dump_step_bytes == base.dump_step_bytes);
+    assert_true(x.text_gather.calls == L && x.text_gather.bytes == L * 4 * 512 * (D / 2) * 4);
+    assert_true(x.alltoall.calls == base.alltoall.calls && x.alltoall.bytes < base.alltoall.bytes);
+    /* one rank: replicated text is the plain layout */
+    r.ulysses = 1;
+    r.text_replicated = 0;
+    assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+    r.text_replicated = 1;
+    assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+    assert_true(x.rank_bytes == base.rank_bytes);
+    /* --pad: Ulysses holds what it held (the padded blocks are within the counted exchange), even
+     * on uneven tokens; ring pads its chunks and, uneven, copies them: more; even tokens: nothing */
+    const int layouts[2][2] = {{2, 1}, {1, 2}};
+    for (int l = 0; l < 2; l++)
+        for (int pad = 1; pad <= 2; pad++) {
+            for (int64_t img = 1023; img <= 1024; img++) {
+                r = req(&c, 4, 4, img, 509 + (1024 - img), 1);
+                r.ulysses = layouts[l][0];
+                r.ring = layouts[l][1];
+                assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+                r.pad = pad;
+                assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+                const int even = img == 1024 && (509 + 1024 - img) % 2 == 0;
+                if (l == 0 || even) assert_true(x.act_peak_bytes == base.act_peak_bytes);
+                else assert_true(x.act_peak_bytes > base.act_peak_bytes);
+                assert_true(x.dump_step_bytes == base.dump_step_bytes);
+            }
+        }
+    /* true CFG in sequence: the same activations, the negative prompt's inputs and the first
+     * call's velocity more, two calls' collectives (TP 2) */
+    r = req(&c, 4, 4, 1024, 512, 1);
+    r.tp = 2;
+    r.full_weights = 0;
+    assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+    r.true_cfg = 1;
+    r.neg_txt_tokens = 512;
+    assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+    assert_true(x.act_peak_bytes == base.act_peak_bytes);
+    assert_true(x.input_bytes - base.input_bytes ==
+                (4 * 512 * (uint64_t)c.joint_attention_dim + 4 * (uint64_t)c.pooled_projection_dim + 4 * 1024 * 64) * 4 +
+                    512 * 3 * 8 + 8);
+    assert_true(x.allreduce.calls == 2 * base.allreduce.calls && x.allreduce.bytes == 2 * base.allreduce.bytes);
+    /* --cfg-parallel: one call per rank (the activations of a run without CFG), the velocities
+     * exchanged once a step; the dump is the sequential run's; its records kept only when recording */
+    r.cfg_parallel = 1;
+    assert_int_equal(fs_estimate_compute(&r, &y, &e), 0);
+    assert_true(y.act_peak_bytes == base.act_peak_bytes && y.allreduce.calls == base.allreduce.calls);
+    assert_true(y.cfg_gather.calls == 1 && y.cfg_gather.bytes == 4 * 1024 * 64 * 4);
+    assert_true(y.dump_step_bytes == x.dump_step_bytes && y.cfg_kept_bytes == 0);
+    r.records = 1;
+    assert_int_equal(fs_estimate_compute(&r, &y, &e), 0);
+    assert_true(y.cfg_kept_bytes > 0 && y.rank_bytes > x.rank_bytes);
+    /* --cfg-batched: the activations of one forward of batch 2B */
+    r = req(&c, 4, 4, 1024, 512, 1);
+    r.batch = 8;
+    assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+    r.batch = 4;
+    r.true_cfg = r.cfg_batched = 1;
+    r.neg_txt_tokens = 512;
+    assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+    assert_true(x.act_peak_bytes == base.act_peak_bytes && x.dump_step_bytes < base.dump_step_bytes + 1);
+    /* the KV cache: every block's K and V of the reference, this rank's heads (TP 2: half) */
+    for (int T = 1; T <= 2; T++) {
+        r = req(&f2, 4, 2, 1024, 256, 2);
+        r.tp = T;
+        r.full_weights = T == 1;
+        assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+        r.ref_tokens = 512;
+        assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+        assert_true(x.kv_cache_bytes == 2 * L * 2 * 512 * (D / (uint64_t)T) * 4);
+        assert_true(x.act_persistent_bytes > base.act_persistent_bytes + x.kv_cache_bytes);
+        assert_true(x.act_peak_bytes > base.act_peak_bytes + x.kv_cache_bytes);
+    }
+    /* an in-job --check's reference is one rank's run: the layout options do not reach it */
+    r = req(&c, 4, 1, 1024, 512, 1);
+    r.ulysses = 2;
+    r.check = r.check_in_job = 1;
+    assert_int_equal(fs_estimate_compute(&r, &base, &e), 0);
+    r.text_replicated = 1;
+    r.pad = 1;
+    assert_int_equal(fs_estimate_compute(&r, &x, &e), 0);
+    assert_true(x.check_run_bytes == base.check_run_bytes);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -379,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_monotone_and_layouts), cmocka_unit_test(test_saturates),
         cmocka_unit_test(test_invalid_request),     cmocka_unit_test(test_refusal_names_the_option),
         cmocka_unit_test(test_bytes_str),           cmocka_unit_test(test_mem_limit_rlimit),
+        cmocka_unit_test(test_option_dumps_exact), cmocka_unit_test(test_layout_options),
         cmocka_unit_test(test_job_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,6 +27,13 @@ static int fill_normal(fs_tensor *t, uint64_t seed, const char *name)
     return FS_OK;
 }
 
+int64_t fs_gen_ref_tokens(const fs_gen_params *p)
+{
+    int64_t R = 0;
+    for (int i = 0; i < p->n_ref; i++) R += (int64_t)p->ref_h[i] * p->ref_w[i];
+    return R;
+}
+
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e)
 {
     memset(in, 0, sizeof *in);
@@ -62,8 +69,7 @@ int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_
             for (int l = 0; l < Sn; l++) ((double *)in->negative_txt_ids.data)[(size_t)l * nax + nax - 1] = l;
     }
     if (p->n_ref > 0) { /* image i's tokens after image i-1's, at t = scale + scale·i, scale 10 */
-        int64_t R = 0;
-        for (int i = 0; i < p->n_ref; i++) R += (int64_t)p->ref_h[i] * p->ref_w[i];
+        const int64_t R = fs_gen_ref_tokens(p);
         if ((rc = fs_inputs_alloc_ref(in, c, dt, (int)R, e))) goto fail;
         fill_normal(&in->image_latents, p->seed, "inputs.image_latents");
         double *id = (double *)in->image_latent_ids.data;

@@ -37,6 +37,8 @@ typedef struct fs_gen_params {
     int ref_h[FS_MAX_REF_IMAGES], ref_w[FS_MAX_REF_IMAGES];
 } fs_gen_params;
 int fs_inputs_generate(fs_inputs *in, const fs_config *c, fs_dtype dt, const fs_gen_params *p, fs_err *e);
+/* the reference tokens of p's images (0: none) */
+int64_t fs_gen_ref_tokens(const fs_gen_params *p);
 
 /* --match bf16: the timesteps and guidance become what a bf16 transformer embeds, divided by 1000
  * (fs_bf16_embedded(x)/1000: ×1000 gives it back exactly in float64), as the reference's matched

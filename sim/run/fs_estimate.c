@@ -175,6 +175,68 @@ static uint64_t dump_step_elems(const fs_config *c, uint64_t B, uint64_t Si, uin
 
 static int check_phases(const fs_estimate_req *r, fs_estimate *out, fs_err *e);
 
+/* FLUX.2's KV cache, step 0 (fs_flux2.c): the blocks run on [reference; noise] (Sig + R image
+ * tokens) and record it; latents_in/out, norm_out and proj_out hold the noise alone; the
+ * reference's embedding is recorded as each module's next call (time_proj, the timestep and
+ * guidance embedders, time_guidance_embed, the image and single-stream modulations: fs_select.c
+ * flux2_names). */
+static uint64_t dump_step0_kv_elems(const fs_config *c, uint64_t B, uint64_t Sig, uint64_t St, uint64_t R)
+{
+    const uint64_t D = (uint64_t)fs_config_hidden(c), Cin = (uint64_t)c->in_channels,
+                   Cout = (uint64_t)c->out_channels, tg = (uint64_t)c->timestep_guidance_channels;
+    uint64_t n = dump_step_elems(c, B, Sig + R, St);
+    n -= mul3(B, R, add(2 * Cin, add(2 * D, Cout)));                 /* noise only: latents, norm_out, proj_out */
+    const uint64_t ref = add(mul(add(tg, 4 * D), c->guidance_embeds ? 2 : 1), D + 13 * D + 7 * D);
+    return add(n, mul(B, ref));
+}
+
+/* --text replicated: what fs_seqpar.c's joint_attention holds on top of the block's q, k, v and
+ * output, in elements (it frees everything when it returns). si, St: this rank's image and (all)
+ * text tokens; Sui: its Ulysses group's image tokens gathered (si without Ulysses); hb = Dl/U, one
+ * token of a head block. Alive from the start: the text's head block sliced locally (tq, tk, tv:
+ * 3·St·hb), the image rows copied out (iq, ik, iv: 3·si·Dl), under Ulysses their exchanged head
+ * blocks (qu, ku, vu: 3·Sui·hb), the joint queries and output (qa, oa: 2·(Sui + St)·hb). Then
+ * either the joined keys and values (ka, va: 2·(Sui + St)·hb, kept to the end) or the ring (its
+ * partial output and LSEs, the image chunks gathered or double-buffered, the chunk the text joins
+ * (jkc, jvc), --pad's copies: freed when the ring returns); then the output's image and text rows
+ * (io, to), under Ulysses the image rows back to tokens (ix: si·Dl, through a send/receive pair)
+ * and the text heads all-gathered (St·Dl). The scatter of q, k, v holds less than the end does. */
+static uint64_t joint_attention_elems(uint64_t B, uint64_t si, uint64_t St, uint64_t Sui, uint64_t Dl, uint64_t Dh,
+                                      uint64_t U, uint64_t R, uint64_t Sig0, int p2p, int pad)
+{
+    const uint64_t hb = Dl / U, Sq = add(Sui, St), BSq = mul(B, Sq);
+    uint64_t common = add(mul3(3 * B, St, hb), mul3(3 * B, si, Dl));
+    if (U > 1) common = add(common, mul3(3 * B, Sui, hb));
+    common = add(common, mul3(2, BSq, hb));
+    uint64_t post = mul3(B, Sq, hb); /* io, to */
+    if (U > 1) post = add(post, add(mul3(B, si, Dl), max2(add(mul3(B, Sui, hb), mul3(B, si, Dl)), mul3(B, St, Dl))));
+    if (R < 2) return add(common, add(mul3(2, BSq, hb), post));
+    uint64_t ring = add(mul(BSq, hb), mul3(2, BSq, hb / Dh)); /* partial output, two LSEs (as the sharded path) */
+    const uint64_t maxn = Sui;                                /* a ring chunk: a Ulysses group's image tokens */
+    ring = add(ring, p2p ? mul3(4 * B, maxn, hb) : mul3(2 * B, pad ? mul(R, maxn) : Sig0, hb));
+    ring = add(ring, mul3(2 * B, add(maxn, St), hb)); /* the step the text joins: [text | chunk] */
+    if (pad && mul(R, maxn) != Sig0) /* uneven chunks: own K/V padded; mask: a chunk cut to its keys */
+        ring = add(ring, mul3(pad == 1 ? 4 * B : 2 * B, maxn, hb));
+    return add(common, max2(ring, post));
+}
+
+/* FLUX.2's KV cache (fs_layers.c kv_attention): its attention's own buffers, in elements, on top
+ * of the block's q, k, v and output and of the cache itself. One rank (or TP): step 0 ("extract",
+ * S tokens with the R reference ones) slices q into text, image and their concatenation, and
+ * attends with the reference queries apart: 3·(S − R) + 2·R rows of Dl; a later step ("cached",
+ * S1 tokens) builds [text | reference | image] keys and values: 2·(S1 + R) rows, with the slices
+ * of the second under way (S1 + St + R). Under Ulysses (kv_attention_ulysses) the exchange is the
+ * sharded path's (6·B·S·Dl, counted there) plus the reference's queries and output (2·R rows) or
+ * the joined keys and values (2·(U·S1 + R) rows) of one head block (Dl/U). The larger of the two
+ * steps, each at step 0's live set: a bound, higher than the later steps' by at most R·(D + 9·Dl)
+ * a row. */
+static uint64_t kv_attention_elems(uint64_t B, uint64_t S, uint64_t St, uint64_t R, uint64_t S1, uint64_t Dl, uint64_t U)
+{
+    if (U > 1) return mul3(2 * B, add(mul(U, S1), R), Dl / U);
+    const uint64_t extract = add(mul(3, S > R ? S - R : 0), 2 * R), cached = add(add(mul(3, S1), 3 * R), St);
+    return mul3(B, max2(extract, cached), Dl);
+}
+
 int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
 {
     memset(out, 0, sizeof *out);
@@ -199,9 +261,33 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim,
                    F = c->family == FS_FLUX2 ? 2 * (uint64_t)fs_config_mlp_hidden(c) : 4 * D,
                    Dh = (uint64_t)c->attention_head_dim, Dl = D / (uint64_t)tp, Fl = F / (uint64_t)tp;
-    /* this rank's tokens: the largest chunk of the balanced split (fs_par_set_seq) */
-    const uint64_t Si = (uint64_t)ceil_div(r->img_tokens, sp), St = (uint64_t)ceil_div(r->txt_tokens, sp),
-                   S = Si + St, Sg = (uint64_t)r->img_tokens + (uint64_t)r->txt_tokens;
+    /* The options of issue 20 and the KV cache (fs_estimate_req): what each changes.
+     *  --text replicated: a sequence-parallel rank holds every text token (fs_par_set_seq), so its
+     *    streams, blocks and ids are St = all of them; its attention runs the joint path
+     *    (fs_seqpar.c joint_attention: its own buffers, below).
+     *  --pad: torch.chunk's ceil-sized chunks — rank 0 holds ceil(S/P) of each stream, as the
+     *    balanced split's largest chunk does, so the per-rank tokens do not change; the Ulysses
+     *    blocks and ring chunks are padded to the longest (below).
+     *  true CFG: two calls a step, one after the other; the second on the negative prompt (of its
+     *    own length on one rank; as long as the prompt under sequence parallelism, fs_sample).
+     *    The activations are the larger call's; the velocity of the first is kept meanwhile.
+     *  --cfg-parallel: each rank runs one of the two calls (its group's layout is tp x ulysses x
+     *    ring); --cfg-batched: one forward of batch 2B on one rank.
+     *  reference images (FLUX.2 KV cache): step 0's image stream is [reference; noise], split over
+     *    the sequence-parallel ranks as one stream (fs_sample's par0); its activations are the
+     *    run's largest, and every block keeps the reference's K and V from then on. */
+    const int repl = r->text_replicated && sp > 1, pad = r->pad && sp > 1, cfg = r->true_cfg,
+              cfgpar = cfg && r->cfg_parallel, cfgbat = cfg && !cfgpar && r->cfg_batched;
+    const uint64_t Rref = r->ref_tokens > 0 ? (uint64_t)r->ref_tokens : 0;
+    const int64_t txt_act = cfg && r->neg_txt_tokens > r->txt_tokens ? r->neg_txt_tokens : r->txt_tokens;
+    /* Bf: the batch of one forward (--cfg-batched: both calls' rows) */
+    const uint64_t Bf = cfgbat ? 2 * B : B;
+    /* this rank's tokens: the largest chunk of the balanced split (fs_par_set_seq); Si at step 0
+     * (with the reference tokens), Si1 at the later steps (the noise: the sampler's slice) */
+    const uint64_t Si = (uint64_t)ceil_div(r->img_tokens + (int64_t)Rref, sp),
+                   Si1 = (uint64_t)ceil_div(r->img_tokens, sp),
+                   St = repl ? (uint64_t)txt_act : (uint64_t)ceil_div(txt_act, sp),
+                   S = Si + St, Sg = (uint64_t)r->img_tokens + Rref + (uint64_t)txt_act;
     out->tokens_rank = (int64_t)S;
     out->params = fs_config_num_params(c);
 
@@ -232,28 +318,69 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const uint64_t Sig = (uint64_t)r->img_tokens, Stg = (uint64_t)r->txt_tokens, Cin = (uint64_t)c->in_channels;
     uint64_t in = mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
                           mul(B, (uint64_t)c->pooled_projection_dim)), es);
-    in = add(in, mul3(Sg, (uint64_t)fs_config_axes(c), 8));
+    in = add(in, mul3(Sig + Stg, (uint64_t)fs_config_axes(c), 8));
     in = add(in, mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8));
-    in = add(in, mul(add(mul3(2, B, mul(Sig, Cin)), mul3(B, Si, Cin)), es)); /* latents, v (global); slice */
+    in = add(in, mul(add(mul3(2, B, mul(Sig, Cin)), mul3(B, Si1, Cin)), es)); /* latents, v (global); slice */
+    if (cfg) { /* the negative prompt (its embeddings, pooled vector, ids; the scale) */
+        const uint64_t Sng = (uint64_t)r->neg_txt_tokens;
+        in = add(in, add(mul(add(mul3(B, Sng, (uint64_t)c->joint_attention_dim), mul(B, (uint64_t)c->pooled_projection_dim)), es),
+                         add(mul3(Sng, (uint64_t)fs_config_axes(c), 8), 8)));
+        /* the velocities: sequential, the first call's v while the second runs; --cfg-parallel, this
+         * rank's and both gathered ([2B]) at the exchange; --cfg-batched, the batch-2B latents,
+         * text and pooled copies through the forward (the 2B output comes after the peak) */
+        if (cfgbat)
+            in = add(in, mul(add(mul3(2 * B, Si1, Cin), mul(2 * B, add(mul(St, (uint64_t)c->joint_attention_dim),
+                                                                      (uint64_t)c->pooled_projection_dim))), es));
+        else in = add(in, mul(mul3(cfgpar ? 2 * B : B, Si1, Cin), es));
+    }
+    if (Rref) /* the reference latents and ids (global), and step 0's [reference; noise] rows of
+               * this rank with the two parts they are copied from (fs_sample) */
+        in = add(in, add(mul(add(mul3(B, Rref, Cin), mul3(2, B, mul(Si, Cin))), es), mul3(Rref, (uint64_t)fs_config_axes(c), 8)));
     out->input_bytes = in;
 
-    /* persistent: X, CX, temb, ids (f64), cos/sin; H from the first single block on */
-    const uint64_t pers_dbl = add(mul(add(mul3(B, S, D), mul(B, D)), es), add(mul3(S, 3, 8), mul(mul3(2, S, Dh), es)));
-    const uint64_t pers_sgl = add(pers_dbl, mul(mul3(B, S, D), es));
+    /* persistent: X, CX, temb, ids (f64), cos/sin; H from the first single block on; the KV
+     * cache's K and V of every block (this rank's heads: Dl/U under Ulysses, every reference token) */
+    out->kv_cache_bytes = Rref ? mul(mul3(2 * ((uint64_t)c->num_layers + (uint64_t)c->num_single_layers), B, Rref),
+                                     mul(Dl / (uint64_t)U, es))
+                               : 0;
+    const uint64_t pers_dbl = add(add(mul(add(mul3(Bf, S, D), mul(Bf, D)), es), add(mul3(S, 3, 8), mul(mul3(2, S, Dh), es))),
+                                  out->kv_cache_bytes);
+    const uint64_t pers_sgl = add(pers_dbl, mul(mul3(Bf, S, D), es));
 
     /* attention scratch: one score block per thread (float64: [256, Skv]; float32 and bf16, which
      * runs the float32 kernel: the fused kernel's [256, min(Skv, 512)] floats), plus SP buffers */
-    const uint64_t Skv = R > 1 ? (uint64_t)ceil_div((int64_t)Sg, R) : (U > 1 ? Sg : S);
+    const uint64_t h_dh = Dl / (uint64_t)U; /* one token of a Ulysses head block */
+    /* the image tokens of a replicated-text rank's Ulysses group, gathered; a padded ring chunk */
+    const uint64_t Sig0 = (uint64_t)r->img_tokens + Rref, Sui = U > 1 ? (pad ? mul(Si, U) : min2(mul(Si, U), Sig0)) : Si;
+    const uint64_t maxn = repl ? Sui : mul(S, (uint64_t)U);
+    uint64_t Skv = R > 1 ? (uint64_t)ceil_div((int64_t)Sg, R) : (U > 1 ? Sg : S);
+    if (repl) Skv = R > 1 ? add(maxn, St) : add(Sui, St); /* the text joins one step's keys, or all of them */
     const uint64_t score = es == 8 ? mul(mul3(threads, 256, Skv ? Skv : 1), es)
                                    : mul(mul3(threads, 256, Skv ? min2(Skv, 512) : 1), 4);
     uint64_t scratch = score;
     uint64_t spbuf = 0;
-    if (U > 1) spbuf = add(spbuf, mul(mul3(6, B, S), Dl)); /* q, k, v, o head-sharded + a2a send/recv */
-    if (R > 1) {
-        const uint64_t Su = mul(S, (uint64_t)U), h_dh = Dl / (uint64_t)U; /* ring runs on the Ulysses layout */
-        spbuf = add(spbuf, add(mul3(B, Su, h_dh), mul3(2, B, mul(Su, h_dh / Dh)))); /* partial output, two LSEs */
-        spbuf = add(spbuf, r->ring_p2p ? mul(mul3(4, B, ceil_div((int64_t)Sg, R)), h_dh) : mul(mul3(2, B, Sg), h_dh));
+    if (repl) spbuf = joint_attention_elems(Bf, Si, St, Sui, Dl, Dh, (uint64_t)U, (uint64_t)R, Sig0, r->ring_p2p, r->pad);
+    else {
+        /* --pad under Ulysses: the exchanged blocks are padded to the group's longest, rank 0's own
+         * (S tokens: the 6·B·S·Dl below already); --pad mask's compaction copies K, then V, after
+         * the exchange, when q, k, v and the copy are alive (4 of the 6 units): nothing more */
+        if (U > 1) spbuf = add(spbuf, mul(mul3(6, Bf, S), Dl)); /* q, k, v, o head-sharded + a2a send/recv */
+        if (R > 1) {
+            const uint64_t Su = mul(S, (uint64_t)U); /* ring runs on the Ulysses layout */
+            spbuf = add(spbuf, add(mul3(Bf, Su, h_dh), mul3(2, Bf, mul(Su, h_dh / Dh)))); /* partial output, two LSEs */
+            if (!pad)
+                spbuf = add(spbuf, r->ring_p2p ? mul(mul3(4, Bf, ceil_div((int64_t)Sg, R)), h_dh) : mul(mul3(2, Bf, Sg), h_dh));
+            else /* --pad: every chunk at the longest (maxn = U·S), gathered or double-buffered; when
+                  * the chunks are uneven, a shorter rank's own K and V copied to it (inject_pad_chunks)
+                  * and, --pad mask, each padded chunk cut to its real keys (ring_step_at: one K and V
+                  * copy at a time) */
+                spbuf = add(spbuf, mul(mul3(Bf, add(r->ring_p2p ? 4 : mul(2, (uint64_t)R),
+                                                    mul((uint64_t)R, maxn) == Sg ? 0 : r->pad == 1 ? 4 : 2),
+                                            maxn),
+                                       h_dh));
+        }
     }
+    if (Rref) spbuf = add(spbuf, kv_attention_elems(Bf, S, St, Rref, Si1 + St, Dl, (uint64_t)U));
     scratch = add(scratch, mul(spbuf, es));
     out->attn_scratch_bytes = scratch;
 
@@ -261,7 +388,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
      * part, and (bf16) the float32 copies the op running there makes. The peak is the largest
      * phase, copies included: a copy lives only while its op runs, so adding the largest copy to
      * the largest live set (as before 2026-11-28) counts two moments as one. */
-    const uint64_t es2 = es == 2, BS = mul(B, S), BSi = mul(B, Si), BSt = mul(B, St);
+    const uint64_t es2 = es == 2, BS = mul(Bf, S), BSi = mul(Bf, Si), BSt = mul(Bf, St);
     /* a bf16 GEMM of M rows is widened to float32 (copies of x, W and y) unless oneDNN's bf16
      * matmul serves it (AMX; AVX512-BF16 alone below FS_GEMM_BF16_WIDEN_M rows), whose working
      * memory (the weight reordered into its blocked layout, primitive cache, JIT code) it does
@@ -273,7 +400,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     typedef struct { uint64_t live, copy, scratch; } phase; /* elements, float32 elements, bytes */
     /* double block (fs_joint_attention, then the MLPs): the attention's intermediates are freed
      * when it returns, before the MLPs */
-    const uint64_t mods = c->family == FS_FLUX2 ? 0 : mul3(12, B, D); /* FLUX.2's are persistent */
+    const uint64_t mods = c->family == FS_FLUX2 ? 0 : mul3(12, Bf, D); /* FLUX.2's are persistent */
     const phase dbl[] = {
         /* SDPA: the modulated inputs, q/k/v and normed q/k per stream, the joint q/k/v and the
          * output; the kernel upcasts q, k, v, o */
@@ -289,7 +416,7 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         /* the text MLP: the image's norm2/modulated input/MLP output stay until the block returns */
         {add(add(mul(BS, add(2 * D, (n2 + 1) * D)), mul(BSt, 2 * Fl)), mods), es2 ? mul(BSt, 2 * Fl) : 0, 0},
     };
-    const uint64_t m3 = c->family == FS_FLUX2 ? 0 : mul3(3, B, D);
+    const uint64_t m3 = c->family == FS_FLUX2 ? 0 : mul3(3, Bf, D);
     const phase sgl[] = {
         /* the MLP activation: modulated input, MLP hidden before and after (upcast both) */
         {add(mul(BS, add(D, 2 * Fl)), m3), es2 ? mul(BS, 2 * Fl) : 0, 0},
@@ -335,49 +462,97 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     out->device_bytes = add(add(out->weight_resident_bytes, out->input_bytes),
                             max2(add(pers_dbl, dl_dev), add(pers_sgl, sl_dev)));
 
-    /* FLOPs and collectives of one step (one forward), for this rank and the job */
-    out->flops_step_rank = forward_flops(c, (double)B, (double)Si, (double)St, (double)Sg, (double)tp);
-    out->flops_step = forward_flops(c, (double)B, (double)Sig, (double)Stg, (double)Sg, (double)tp) * (double)tp;
+    /* FLOPs and collectives of one step, for this rank and the job: a step is one forward, or true
+     * CFG's two (one after the other; --cfg-batched: one of batch 2B; --cfg-parallel: one per rank,
+     * two in the job). With the KV cache the figures are the later steps' (the noise alone; the
+     * attention to the cached reference keys not counted): step 0 runs on R more image tokens. */
+    const uint64_t Sng = cfg ? (uint64_t)r->neg_txt_tokens : 0, Stp = repl ? Stg : (uint64_t)ceil_div(r->txt_tokens, sp),
+                   Stn = repl ? Sng : (uint64_t)ceil_div((int64_t)Sng, sp), Sgp = Sig + Stg, Sgn = Sig + Sng;
+    const int seqcfg = cfg && !cfgpar && !cfgbat;
+    out->flops_step_rank = forward_flops(c, (double)Bf, (double)Si1, (double)Stp, (double)Sgp, (double)tp);
+    if (seqcfg) out->flops_step_rank += forward_flops(c, (double)B, (double)Si1, (double)Stn, (double)Sgn, (double)tp);
+    /* the job: replicated text is computed on every sequence-parallel rank */
+    out->flops_step = forward_flops(c, (double)B, (double)Sig, (double)(repl ? Stg * (uint64_t)sp : Stg), (double)Sgp,
+                                    (double)tp) * (double)tp;
+    if (cfg)
+        out->flops_step += forward_flops(c, (double)B, (double)Sig, (double)(repl ? Sng * (uint64_t)sp : Sng), (double)Sgn,
+                                         (double)tp) * (double)tp;
     {
         const uint64_t L2 = (uint64_t)c->num_layers, L1 = (uint64_t)c->num_single_layers, attn = L2 + L1,
-                       H = (uint64_t)c->num_attention_heads, Hl = H / (uint64_t)tp, hb = Hl / (uint64_t)U;
+                       H = (uint64_t)c->num_attention_heads, Hl = H / (uint64_t)tp, hb = Hl / (uint64_t)U,
+                       nc = seqcfg ? 2 : 1; /* forwards a step on this rank */
         if (tp > 1) /* to_out.0, to_add_out, ff.net.2, ff_context.net.2; single proj_out */
-            out->allreduce = (fs_estimate_coll){4 * L2 + L1, mul(mul(add(2 * L2, L1), mul3(B, S, D)), es)};
-        /* rank 0 holds the largest chunk of every split (fs_par_set_seq gives the remainder first) */
-        const uint64_t Su = mul(S, (uint64_t)U) > Sg ? Sg : mul(S, (uint64_t)U);
+            out->allreduce = (fs_estimate_coll){(4 * L2 + L1) * nc,
+                                                add(mul(mul(add(2 * L2, L1), mul3(Bf, Si1 + Stp, D)), es),
+                                                    seqcfg ? mul(mul(add(2 * L2, L1), mul3(B, Si1 + Stn, D)), es) : 0)};
+        /* rank 0 holds the largest chunk of every split (fs_par_set_seq gives the remainder first).
+         * Sx: the tokens a rank puts through the sequence exchange (replicated text: its image
+         * tokens only; the text's heads are sliced locally); Su: its Ulysses group's, gathered
+         * (--pad: every block at the longest, rank 0's) */
+        const uint64_t Sx = repl ? Si1 : Si1 + Stp, Sxg = repl ? Sig : Sgp;
+        const uint64_t Su = pad ? mul(Sx, (uint64_t)U) : min2(mul(Sx, (uint64_t)U), Sxg);
         if (U > 1) {
-            const uint64_t fwd = mul3(B, S, Dh * (Hl - hb)), bwd = mul3(B, hb * Dh, Su - S);
-            out->alltoall = (fs_estimate_coll){4 * attn, mul(mul(attn, add(mul(3, fwd), bwd)), es)};
+            const uint64_t fwd = mul3(Bf, Sx, Dh * (Hl - hb)), bwd = mul3(Bf, hb * Dh, Su - Sx);
+            out->alltoall = (fs_estimate_coll){4 * attn * nc, mul(mul(mul(attn, add(mul(3, fwd), bwd)), es), nc)};
+            if (repl) /* the text rows' output heads, all-gathered over the Ulysses group (its own block sent) */
+                out->text_gather = (fs_estimate_coll){attn * nc, mul(mul(attn, mul3(Bf, Stp, hb * Dh)), mul(es, nc))};
         }
         if (R > 1) {
-            const uint64_t kv = mul3(2, B, mul(Su, hb * Dh)); /* K and V of this rank's ring chunk */
+            const uint64_t kv = mul3(2, Bf, mul(Su, hb * Dh)); /* K and V of this rank's ring chunk */
             if (r->ring_p2p) /* R-1 rotations, each sends K and V of a chunk (about Su tokens) */
-                out->ring = (fs_estimate_coll){2 * (uint64_t)(R - 1) * attn, mul(mul3(attn, (uint64_t)(R - 1), kv), es)};
+                out->ring = (fs_estimate_coll){2 * (uint64_t)(R - 1) * attn * nc,
+                                               mul(mul(mul3(attn, (uint64_t)(R - 1), kv), es), nc)};
             else
-                out->ring = (fs_estimate_coll){2 * attn, mul(mul(attn, kv), es)};
+                out->ring = (fs_estimate_coll){2 * attn * nc, mul(mul(mul(attn, kv), es), nc)};
         }
+        if (cfgpar) /* this rank's velocity [B, Si, C] to its CFG partner and back */
+            out->cfg_gather = (fs_estimate_coll){1, mul(mul3(B, Si1, Cin), es)};
     }
 
-    out->dump_step_bytes = mul(dump_step_elems(c, B, Sig, Stg), es);
+    /* The dump. True CFG records the second call's modules too (renamed name@k, fs_sample's
+     * cfg_record; latents_in/out once); --cfg-parallel and --cfg-batched replay them under the
+     * same names, so the dump is the sequential run's. The KV cache's step 0 records its blocks
+     * over [reference; noise] and the reference's embedding (dump_step0_kv_elems); the later steps
+     * are plain. --text replicated and --pad record the global tensors as without them (one copy of
+     * the text; no pad row): the dump does not change. */
+    uint64_t later = dump_step_elems(c, B, Sig, Stg);
+    if (cfg) later = add(later, dump_step_elems(c, B, Sig, Sng) - 2 * B * Sig * Cin);
+    uint64_t first = Rref ? dump_step0_kv_elems(c, B, Sig, Stg, Rref) : later;
     if (r->modules_narrowed) /* only latents_in and latents_out are sure to be recorded */
-        out->dump_step_bytes = mul(mul3(2, B, mul(Sig, Cin)), es);
-    const uint64_t dump_inputs = add(mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
-                                             mul(B, (uint64_t)c->pooled_projection_dim)), es),
-                                     add(mul3(Sg, (uint64_t)fs_config_axes(c), 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
+        first = later = mul3(2, B, mul(Sig, Cin));
+    out->dump_step_bytes = mul(max2(first, later), es);
+    uint64_t dump_inputs = add(mul(add(add(mul3(B, Sig, Cin), mul3(B, Stg, (uint64_t)c->joint_attention_dim)),
+                                       mul(B, (uint64_t)c->pooled_projection_dim)), es),
+                               add(mul3(Sig + Stg, (uint64_t)fs_config_axes(c), 8), mul(add(B, mul(2, (uint64_t)r->steps + 1)), 8)));
+    if (cfg) /* negative_encoder_hidden_states, negative_pooled_projections, negative_txt_ids, true_cfg_scale */
+        dump_inputs = add(dump_inputs, add(mul(add(mul3(B, Sng, (uint64_t)c->joint_attention_dim),
+                                                   mul(B, (uint64_t)c->pooled_projection_dim)), es),
+                                           add(mul3(Sng, (uint64_t)fs_config_axes(c), 8), 8)));
+    if (Rref) /* image_latents, image_latent_ids */
+        dump_inputs = add(dump_inputs, add(mul3(B, Rref, mul(Cin, es)), mul3(Rref, (uint64_t)fs_config_axes(c), 8)));
     const uint64_t rec_steps = r->steps_recorded > 0 && r->steps_recorded < r->steps ? (uint64_t)r->steps_recorded
                                                                                      : (uint64_t)r->steps;
-    out->dump_bytes = add(add(mul(rec_steps, out->dump_step_bytes), dump_inputs), mul3(B, Sig, mul(Cin, es)));
+    /* every recorded step (step 0 among them, when a selection leaves the steps unknown here) */
+    const uint64_t rec_bytes = rec_steps ? mul(add(first, mul(rec_steps - 1, later)), es) : 0;
+    out->dump_bytes = add(add(rec_bytes, dump_inputs), mul3(B, Sig, mul(Cin, es)));
     /* --check in this job: rank 0 stores every reference tensor of every recorded step, in the run dtype */
-    if (r->check_in_job) out->check_ref_bytes = mul(rec_steps, out->dump_step_bytes);
+    if (r->check_in_job) out->check_ref_bytes = rec_bytes;
     /* parallel recording: rank 0 assembles the widest global tensor ([B, S, F]); --check also
      * holds the reference and the assembled tensor as float64 */
     if (r->recording && (tp > 1 || sp > 1)) {
         const uint64_t widest = mul3(B, Sg, F);
         out->gather_bytes = add(mul(widest, es), r->check ? mul3(2, widest, 8) : 0);
     }
+    /* --cfg-parallel keeps its call's records of the step (this rank's pieces: local tokens, at
+     * most the global width) until the pair replays them; --cfg-batched the negative prompt's
+     * half (global) until the forward returns. Host copies, the whole step's by its end: a bound */
+    if (r->records && cfgpar)
+        out->cfg_kept_bytes = mul(dump_step_elems(c, B, Si1, Stp) - 2 * B * Si1 * Cin, es);
+    else if (r->records && cfgbat)
+        out->cfg_kept_bytes = mul(dump_step_elems(c, B, Sig, Sng) - 2 * B * Sig * Cin, es);
     out->rank_bytes = add(add(add(r->baseline_bytes, add(out->weight_bytes, out->staging_bytes)),
                               add(out->input_bytes, out->bf16_scratch_bytes)),
-                          add(out->act_peak_bytes, add(out->check_ref_bytes, out->gather_bytes)));
+                          add(add(out->act_peak_bytes, out->cfg_kept_bytes), add(out->check_ref_bytes, out->gather_bytes)));
     if (r->check_in_job) return check_phases(r, out, e);
     return FS_OK;
 }
@@ -399,6 +574,8 @@ static int check_phases(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     s.tp = s.ulysses = s.ring = 1;
     s.full_weights = 1;
     s.check = s.check_in_job = s.recording = 0;
+    /* the reference is the single-rank run: no sequence parallelism, true CFG's calls in sequence */
+    s.text_replicated = s.pad = s.cfg_parallel = s.cfg_batched = s.records = 0;
     s.stream = out->streamed; /* fs_weights decides once for the job */
     fs_estimate ref, truth;
     int rc = fs_estimate_compute(&s, &ref, e);

@@ -45,8 +45,18 @@
  *     attention upcast their operands and output; a GEMM does too unless oneDNN's native bf16
  *     matmul runs it), and the largest phase with its copies is the peak.
  *
+ * The other engines' layouts and FLUX.2's reference images (the request's last fields; fs_estimate.c
+ * lists what each allocates): --text replicated puts every text token on each sequence-parallel
+ * rank and runs the joint attention path (its slices, copies and text all-gather); --pad pads the
+ * Ulysses blocks and ring chunks to the longest (ring: padded copies; Ulysses: within the 6·B·S·Dl
+ * above); true CFG adds the negative prompt, the first call's velocity and the second call's
+ * records; --cfg-parallel runs one call per rank and exchanges the velocities; --cfg-batched one
+ * forward of batch 2B; the KV cache runs step 0 on [reference; noise] and keeps every block's
+ * reference K and V.
+ *
  * The dump estimate is exact: the element count of every dataset one step records (checked in
- * tests/test_estimate.c against golden/default-fp64.h5), times es. */
+ * tests/test_estimate.c against golden/default-fp64.h5, and against real dumps with true CFG and
+ * the KV cache), times es. With the KV cache dump_step_bytes is step 0's, the largest. */
 #ifndef FS_ESTIMATE_H
 #define FS_ESTIMATE_H
 
@@ -96,6 +106,18 @@ typedef struct fs_estimate_req {
                                  converted are mapped meanwhile (dropped after it) */
     uint64_t baseline_bytes;  /* the process itself (libraries, MPI, OpenBLAS and HDF5 buffers),
                                  added to rank_bytes; FS_ESTIMATE_BASELINE for flux-sim */
+    /* The other engines' layouts (issue 20) and FLUX.2's reference images (issue 19); all 0: none,
+     * and the estimate is the one above. fs_estimate.c says what each allocates. */
+    int text_replicated;      /* --text replicated: every SP rank holds all text tokens */
+    int pad;                  /* --pad: 0 none, 1 mask, 2 nomask (padded Ulysses blocks and ring chunks) */
+    int true_cfg;             /* true CFG: a second transformer call per step, on the negative prompt */
+    int64_t neg_txt_tokens;   /* the negative prompt's text tokens (with true_cfg) */
+    int cfg_parallel;         /* --cfg-parallel: this rank runs one of the two calls (tp/ulysses/ring: a group's) */
+    int cfg_batched;          /* --cfg-batched: both calls as one forward of batch 2B */
+    int records;              /* a recorder runs on this rank (--dump, --dump-per-rank, --check): under
+                                 --cfg-parallel and --cfg-batched one call's records of a step are kept */
+    int64_t ref_tokens;       /* FLUX.2 KV cache: reference tokens (step 0 runs on [reference; noise],
+                                 every block keeps their K and V for the later steps) */
 } fs_estimate_req;
 
 /* Resident memory of a flux-sim rank before it allocates anything of the model: the binary, libc,
@@ -122,7 +144,7 @@ typedef struct fs_estimate {
     uint64_t act_peak_bytes;      /* persistent + the larger block peak (scratch included) */
     uint64_t check_ref_bytes;     /* in-job --check reference on rank 0 */
     uint64_t gather_bytes;        /* rank 0 assembling one global tensor (parallel recording) */
-    uint64_t dump_step_bytes;     /* datasets of one step of a full dump */
+    uint64_t dump_step_bytes;     /* datasets of one step of a full dump (the KV cache: step 0's, the largest) */
     uint64_t dump_bytes;          /* the whole dump: every step + /inputs + /final */
     uint64_t truth_ref_bytes;     /* bf16 in-job --check: the matched float64 truth rank 0 keeps */
     uint64_t check_run_bytes;     /* in-job --check: the larger of rank 0's single-rank runs before the
@@ -142,6 +164,11 @@ typedef struct fs_estimate {
     fs_estimate_coll allreduce;   /* TP: one per row-parallel Linear (to_out, ff, proj_out, ...) */
     fs_estimate_coll alltoall;    /* Ulysses: q, k, v to head shards and the output back */
     fs_estimate_coll ring;        /* ring: K and V of every other member (allgather or p2p steps) */
+    fs_estimate_coll text_gather; /* --text replicated under Ulysses: the text rows' output heads, all-gathered */
+    fs_estimate_coll cfg_gather;  /* --cfg-parallel: the noise predictions, all-gathered over the CFG pair */
+    uint64_t kv_cache_bytes;      /* FLUX.2 reference images: every block's cached K and V (in act_persistent) */
+    uint64_t cfg_kept_bytes;      /* --cfg-parallel / --cfg-batched with a recorder: one call's records of a step,
+                                     kept as host copies until the step's records are replayed */
 } fs_estimate;
 
 /* Fills *out. FS_E_INPUT when the request itself is invalid (config rejected by

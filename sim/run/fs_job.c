@@ -199,8 +199,28 @@ static int inputs_complete(const char *path, fs_err *e)
 /* The run as fs_estimate sees it: sizes, layout, what is recorded, how weights are held. The
  * refusal before allocating and --estimate use the same request. full: this rank holds unsharded
  * weights (tp 1, rank 0 of an in-job --check, fused-qkv). */
+/* What the inputs add beyond B, Si, St and the steps: true CFG's negative prompt (Sneg tokens;
+ * cfg 0: none) and FLUX.2's reference tokens (Sref; 0: none). */
+typedef struct est_extra {
+    int cfg;
+    int64_t Sneg, Sref;
+} est_extra;
+
+static est_extra gen_extra(const fs_job_opts *o)
+{
+    const int cfg = o->gen.true_cfg_scale > 0;
+    return (est_extra){.cfg = cfg, .Sneg = cfg ? (o->gen.neg_txt_len > 0 ? o->gen.neg_txt_len : o->gen.txt_len) : 0,
+                       .Sref = fs_gen_ref_tokens(&o->gen)};
+}
+
+static est_extra inputs_extra(const fs_inputs *in)
+{
+    const int cfg = in->true_cfg_scale > 0;
+    return (est_extra){.cfg = cfg, .Sneg = cfg ? in->S_neg : 0, .Sref = in->S_ref};
+}
+
 static void estimate_request(const fs_job_opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps, int tp,
-                             int uly, int ring, const fs_select *sel, int root, int full, fs_estimate_req *r)
+                             int uly, int ring, const fs_select *sel, int root, int full, est_extra x, fs_estimate_req *r)
 {
     const fs_dtype dt = !strcmp(o->precision, "fp64") ? FS_F64 : !strcmp(o->precision, "bf16") ? FS_BF16 : FS_F32;
     const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
@@ -217,6 +237,15 @@ static void estimate_request(const fs_job_opts *o, const fs_config *cfg, int B, 
                            /* FLUX.1 checkpoints ship in BF16; an F32 one is read as views (its pages
                               are the weights), which this slightly overstates */
                            .ckpt_dtype_size = o->weights ? 2 : 0};
+    /* the other engines' layouts and the KV cache (fs_estimate.c says what each allocates) */
+    r->text_replicated = o->text && !strcmp(o->text, "replicated");
+    r->pad = !o->pad ? 0 : !strcmp(o->pad, "mask") ? 1 : 2;
+    r->true_cfg = x.cfg;
+    r->neg_txt_tokens = x.cfg ? x.Sneg : 0;
+    r->cfg_parallel = o->cfg_parallel;
+    r->cfg_batched = o->cfg_batched;
+    r->records = o->dump || o->dump_per_rank || o->check; /* every rank records (fs_job_run) */
+    r->ref_tokens = x.Sref;
     /* several ranks on one machine run one thread each unless --threads says otherwise */
     if (!o->threads && (int64_t)tp * uly * ring > 1) r->threads = 1; /* int64: the options are not checked yet */
 }
@@ -225,7 +254,7 @@ static void estimate_request(const fs_job_opts *o, const fs_config *cfg, int B, 
  * this machine (rank 0 holds the whole model during an in-job --check reference) against the
  * smallest limit that applies, and an uncompressed dump against its file system's free space. */
 static int refuse_if_too_big(const fs_job_opts *o, const fs_config *cfg, int B, int64_t Si, int64_t St, int steps,
-                             const fs_select *sel, int world_size, int ranks_here, fs_err *e)
+                             est_extra x, const fs_select *sel, int world_size, int ranks_here, fs_err *e)
 {
     int tp = o->tp, uly = o->ulysses, ring = o->ring; /* the layout run() will pick */
     if (!tp && !uly && !ring) fs_par_default_layout(cfg, world_size / (o->cfg_parallel ? 2 : 1), &tp, &uly, &ring);
@@ -235,8 +264,8 @@ static int refuse_if_too_big(const fs_job_opts *o, const fs_config *cfg, int B, 
     fs_estimate_req r0 = {0}, r1 = {0};
     fs_estimate e0, e1;
     const int fused = fs_injected(&o->inject, FS_INJ_FUSED_QKV_CONTIGUOUS);
-    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 1, tp == 1 || (o->check && !o->check_ref) || fused, &r0);
-    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 0, tp == 1 || fused, &r1);
+    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 1, tp == 1 || (o->check && !o->check_ref) || fused, x, &r0);
+    estimate_request(o, cfg, B, Si, St, steps, tp, uly, ring, sel, 0, tp == 1 || fused, x, &r1);
     int rc = fs_estimate_compute(&r0, &e0, e);
     if (!rc) rc = fs_estimate_compute(&r1, &e1, e);
     if (rc) return rc;
@@ -258,6 +287,25 @@ static int declare_selection(fs_dump *d, const char *modules, const char *steps,
     return rc;
 }
 
+/* Reference images (the KV cache) run on FLUX.2, on one rank, under --tp or --ulysses, without
+ * true CFG; the run and --estimate refuse the rest alike. */
+static int kv_refusal(const fs_job_opts *o, const fs_config *cfg, int uly, int ring, int true_cfg, fs_err *e)
+{
+    const int kv_per_rank = o->dump_per_rank && uly > 1; /* step 0's pieces differ from the later steps' */
+    /* nor with the other engines' layouts (--text replicated, --pad: the step-0 partition of
+     * [reference; noise] is the sharded-text, unpadded one) */
+    const int kv_layout = (o->text && strcmp(o->text, "sharded")) || o->pad;
+    if (cfg->family != FS_FLUX2 || ring > 1 || true_cfg || kv_per_rank || kv_layout)
+        return fs_errf(e, FS_E_INPUT, "reference images (FLUX.2's KV cache: --ref-grid, /inputs/image_latents) run on "
+                                      "FLUX.2, on one rank, under --tp or --ulysses, without true CFG; not %s",
+                       cfg->family != FS_FLUX2 ? "on FLUX.1"
+                       : ring > 1              ? "under --ring"
+                       : kv_per_rank           ? "with --dump-per-rank under --ulysses"
+                       : kv_layout             ? "with --text replicated or --pad"
+                                               : "with --true-cfg-scale");
+    return FS_OK;
+}
+
 /* --estimate (fs_job.h). The layout is --tp/--ulysses/--ring, or the default for the ranks the
  * job has. */
 int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *e)
@@ -271,12 +319,14 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
     int rc = fs_select_parse(&sel, o->dump_modules, o->dump_steps, e);
     int B = o->gen.batch, steps = o->gen.steps;
     int64_t Si = (int64_t)o->gen.grid_h * o->gen.grid_w, St = o->gen.txt_len;
+    est_extra x = gen_extra(o);
     if (!rc && o->inputs) {
         if (!(rc = fs_dump_read_inputs(o->inputs, FS_F32, &cfg, &in, e))) {
             B = in.B;
             Si = in.S_img;
             St = in.S_txt;
             steps = in.n_steps;
+            x = inputs_extra(&in);
         }
     } else if (!rc) rc = load_config(o->config, o->weights, &cfg, e);
     if (!rc) /* the run would refuse it up front too */
@@ -316,12 +366,20 @@ int fs_job_estimate_compute(const fs_job_opts *o, fs_job_estimate *est, fs_err *
             fs_par_free(&p);
         }
     }
+    /* reference images: the layouts the run refuses, and (fs_sample) a Ulysses rank 0 holding
+     * only reference tokens at step 0 (the balanced split of [reference; noise] gives it the
+     * first ceil((R + N) / P)) */
+    if (!rc && x.Sref > 0) rc = kv_refusal(o, &cfg, uly, ring, x.cfg, e);
+    if (!rc && x.Sref > 0 && (int64_t)uly * ring > 1 && (x.Sref + Si + (int64_t)uly * ring - 1) / ((int64_t)uly * ring) <= x.Sref)
+        rc = fs_errf(e, FS_E_INPUT, "reference images under --ulysses %d: sequence-parallel rank 0 would hold only reference "
+                                    "tokens at step 0 (%lld of %lld + %lld image tokens); use fewer ranks or a smaller reference",
+                     uly, (long long)((x.Sref + Si + uly - 1) / uly), (long long)x.Sref, (long long)Si);
     fs_estimate_req r0 = {0}, r1 = {0};
     fs_estimate e0 = {0}, e1 = {0};
     if (!rc) {
         estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 1,
-                         tp == 1 || (o->check && !o->check_ref) || fused, &r0);
-        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 0, tp == 1 || fused, &r1);
+                         tp == 1 || (o->check && !o->check_ref) || fused, x, &r0);
+        estimate_request(o, &cfg, B, Si, St, steps, tp, uly, ring, &sel, 0, tp == 1 || fused, x, &r1);
         if (!(rc = fs_estimate_compute(&r0, &e0, e))) rc = fs_estimate_compute(&r1, &e1, e);
         if (n == 1) { /* the one rank is rank 0 */
             r1 = r0;
@@ -395,14 +453,15 @@ static int configure_inputs(fs_job *j, fs_err *e)
                 rc = fs_errf(e, FS_E_INPUT, "%s differs from the config stored in %s", what, o->inputs);
             if (!rc) rc = fs_select_check_model(&j->sel, &j->cfg, fs_names_flags(j->in.true_cfg_scale > 0, j->in.S_ref > 0), e);
             if (!rc)
-                rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, &j->sel, world->size, ranks_here, e);
+                rc = refuse_if_too_big(o, &j->cfg, j->in.B, j->in.S_img, j->in.S_txt, j->in.n_steps, inputs_extra(&j->in),
+                                       &j->sel, world->size, ranks_here, e);
         } else if (!(rc = load_config(o->config, o->weights, &j->cfg, e)) &&
                    /* --dump-modules that selects nothing of this model: refused before any work */
                    !(rc = fs_select_check_model(&j->sel, &j->cfg,
                                                 fs_names_flags(o->gen.true_cfg_scale > 0, o->gen.n_ref > 0), e)) &&
                    /* too big for this machine? refused before the inputs or any weight is made */
                    !(rc = refuse_if_too_big(o, &j->cfg, o->gen.batch, (int64_t)o->gen.grid_h * o->gen.grid_w,
-                                            o->gen.txt_len, o->gen.steps, &j->sel, world->size, ranks_here, e))) {
+                                            o->gen.txt_len, o->gen.steps, gen_extra(o), &j->sel, world->size, ranks_here, e))) {
             fs_gen_params g = o->gen;
             rc = load_sched(o, &j->cfg, &g.sched, e);
             if (!rc) rc = fs_inputs_generate(&j->in, &j->cfg, j->pdt, &g, e);
@@ -475,19 +534,7 @@ static int configure_layout(fs_job *j, fs_err *e)
      * [reference; noise] on its own); not ring attention (not built), not true CFG
      * (Flux2KleinKVPipeline has none), not per-rank dumps under Ulysses (one sharding map entry
      * per name cannot say both step 0's split and the later steps') */
-    const int kv_per_rank = o->dump_per_rank && j->uly > 1; /* step 0's pieces differ from the later steps' */
-    /* nor with the other engines' layouts (--text replicated, --pad: the step-0 partition of
-     * [reference; noise] is the sharded-text, unpadded one) */
-    const int kv_layout = (o->text && strcmp(o->text, "sharded")) || o->pad;
-    if (!rc && j->in.S_ref > 0 &&
-        (j->cfg.family != FS_FLUX2 || j->ring > 1 || j->in.true_cfg_scale > 0 || kv_per_rank || kv_layout))
-        rc = fs_errf(e, FS_E_INPUT, "reference images (FLUX.2's KV cache: --ref-grid, /inputs/image_latents) run on "
-                                    "FLUX.2, on one rank, under --tp or --ulysses, without true CFG; not %s",
-                     j->cfg.family != FS_FLUX2 ? "on FLUX.1"
-                     : j->ring > 1             ? "under --ring"
-                     : kv_per_rank             ? "with --dump-per-rank under --ulysses"
-                     : kv_layout               ? "with --text replicated or --pad"
-                                               : "with --true-cfg-scale");
+    if (!rc && j->in.S_ref > 0) rc = kv_refusal(o, &j->cfg, j->uly, j->ring, j->in.true_cfg_scale > 0, e);
     if ((rc = fs_job_agree(world, rc, e))) return rc;
     /* ranks sharing the cores: one thread each unless told otherwise */
     fs_backend_cpu_set_threads(o->threads ? o->threads : (world->size > 1 ? 1 : 0));
