@@ -360,8 +360,12 @@ int fo_rank_diff_run(fo_file **files, int n, fo_file *b, const fo_diff_opts *o, 
                 continue;
             }
             if (!fo_name_set_has(&sb, name)) {
+                /* A partial sum the ranks declare (a row-parallel Linear's local product before
+                 * its all-reduce, e.g. Megatron's `_Row.mm`) is the producer's own intermediate:
+                 * a global reference has no such tensor, and its reduced output is compared. */
+                int partial = groups[g].step >= 0 && fo_parallel_partial(rf[0].par, name);
                 if (fo_names_push(&r->only_a, groups[g].group, name) ||
-                    (!fo_decl_excuses(&db, &groups[g], pb, decb, name) &&
+                    (!partial && !fo_decl_excuses(&db, &groups[g], pb, decb, name) &&
                      fo_names_push(&r->undeclared_a, groups[g].group, name)))
                     rc = fs_errf(e, FS_E_NOMEM, "out of memory");
                 continue;
