@@ -11,7 +11,8 @@
 #     attribute but `producer`), replays with `flux-sim --inputs G.h5`, and diffs as DIR does;
 #     gaps, disagreeing overlaps, differing replicated copies and a missing rank: exit 2, one
 #     line saying where, nothing left at OUT (no temporary either);
-#   - a `partial` (sum before a reduction) entry is reported not comparable per rank;
+#   - a `partial` (sum before a reduction) entry is reported not comparable per rank; a partial
+#     sum the reference lacks (Megatron's local product) is only in A, not undeclared;
 #   - per-rank dumps and a reference with no comparable dataset (every one a partial sum, or
 #     everything narrowed out by --modules): exit 2 "nothing compared", never a PASS;
 #   - consistency with ranks 1-3 wrong (4 ranks): the split without --ref, ranks 1, 2, 3 with it.
@@ -198,6 +199,33 @@ assert x['kind']=='empty' and 'partial sum' in x['message'], x" "$T/p.json"; the
 else bad "partial sum rc=$rc"; fi
 "$ORACLE" assemble "$T/partial" -o "$T/bad.h5" 2>"$T/err"; rc=$?
 [ $rc = 2 ] && grep -q "partial sum" "$T/err" && ok "assemble refuses a partial sum" || bad "assemble partial rc=$rc $(cat "$T/err")"
+
+# a partial sum only the ranks hold (a row-parallel Linear's local product before its all-reduce,
+# e.g. Megatron's `_Row.mm`; tests/peer_tp.sh): listed only in A, not an undeclared name (exit 0);
+# the same extra dataset without the declaration: undeclared, exit 2
+for decl in 1 0; do
+  rm -rf "$T/extra"; cp -r "$T/tp2" "$T/extra"
+  "$PY" - "$T" "$decl" <<'PY'
+import sys, json, h5py, numpy as np
+for r in (0, 1):
+    with h5py.File(f"{sys.argv[1]}/extra/rank_{r}.h5", "r+") as f:
+        x = "transformer_blocks.0.attn.to_out.0.mm"
+        for g in [k for k in f if k.startswith("step_")]:
+            f[g][x] = np.full(f[g]["transformer_blocks.0.attn.to_out.0"].shape, 0.5 * r, np.float32)
+            f[g].attrs["order"] = np.array([o.decode() if isinstance(o, bytes) else o for o in f[g].attrs["order"]] + [x],
+                                           dtype=h5py.string_dtype())
+        if sys.argv[2] == "1":
+            p = json.loads(f.attrs["parallel"]); p["partial"] = {x: "sum"}; f.attrs["parallel"] = json.dumps(p)
+PY
+  "$ORACLE" diff --json "$T/extra" "$T/ref.h5" >"$T/x.json" 2>"$T/x.err"; rc=$?
+  got=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['verdict'], len(d['only_in_a']), len(d['undeclared_only_in_a']))" "$T/x.json" 2>&1)
+  if [ $decl = 1 ]; then
+    [ $rc = 0 ] && [ "$got" = "pass 2 0" ] && ok "a declared partial sum the reference lacks: only in A (2 steps), not undeclared, exit 0" ||
+      bad "declared partial only in A: rc=$rc $got $(cat "$T/x.err")"
+  else
+    [ $rc = 2 ] && [ "$got" = "error 2 2" ] && ok "the same extra dataset undeclared: exit 2" || bad "undeclared extra: rc=$rc $got"
+  fi
+done
 
 # ---- nothing comparable: an error (exit 2, as documented), never a PASS ----
 # /inputs and /final removed from every file (they are always compared), then every step dataset
