@@ -188,6 +188,34 @@ def apply_dtensor(model, rank, ws, bug):
     return planned
 
 
+def apply_diffusers_tp(model, rank, ws):
+    """diffusers' own tensor parallelism: enable_parallelism(config=TensorParallelConfig(tp_degree=W)),
+    which applies the class's `_tp_plan` with parallelize_module (colwise / rowwise / packed rowwise
+    for the single blocks' proj_out). On a CPU it needs two run-time patches that change nothing
+    computed: the device index (patch 1 of peer_diffusers.py: torch.accelerator.device_count() is 0,
+    modeling_utils.py:1719 divides by it) and hooks/tensor_parallel.py:25's device list
+    (_SUPPORTED_TP_DEVICES has no "cpu"; apply_tensor_parallel refuses the mesh at :494). Its styles
+    keep use_local_output=True: outputs are local tensors with no placement, so the plan's Linears
+    are declared from the same `_tp_plan` (colwise: shard on the last axis; rowwise: whole after the
+    all-reduce, default_entry) and the modules downstream as for Megatron."""
+    import diffusers.hooks.tensor_parallel as tpm
+    from diffusers import TensorParallelConfig
+    from diffusers.hooks.tensor_parallel import _resolve_tp_plan
+    from flux_dump import declare_shard
+    if torch.accelerator.device_count() == 0:
+        torch.accelerator.device_count = lambda: 1
+    if "cpu" not in tpm._SUPPORTED_TP_DEVICES:
+        tpm._SUPPORTED_TP_DEVICES = tpm._SUPPORTED_TP_DEVICES + ("cpu",)
+    for blk, rel in _resolve_tp_plan(model, model._tp_plan):
+        for path, style in rel.items():
+            if style == "colwise":
+                declare_shard(sub(blk, path), rank, ws, dim=-1)
+            elif style != "rowwise" and not isinstance(style, tpm.PackedRowwiseParallel):
+                raise SystemExit(f"_tp_plan style {style!r} at {path}: not declared by this test")
+    model.enable_parallelism(config=TensorParallelConfig(tp_degree=ws))
+    declare_downstream(model, rank, ws)
+
+
 def to_local_after_dump(modules):
     """The model needs local tensors: after FluxDumper's hook (registered before this one) has read
     the placements, the output becomes the rank's local tensor."""
@@ -203,7 +231,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("refdir")
     ap.add_argument("out")
-    ap.add_argument("--tp", choices=["megatron", "dtensor"], required=True)
+    ap.add_argument("--tp", choices=["megatron", "dtensor", "diffusers"], required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--bug", choices=["proj-out-contiguous", "timestep-temporary"])
     a = ap.parse_args()
@@ -254,8 +282,10 @@ def main():
     planned = []
     if a.tp == "megatron":
         apply_megatron(model, rank, world, a.bug)
-    else:
+    elif a.tp == "dtensor":
         planned = apply_dtensor(model, rank, world, a.bug)
+    else:
+        apply_diffusers_tp(model, rank, world)
 
     os.makedirs(a.out, exist_ok=True)
     producer = (f"diffusers {diffusers.__version__} FluxTransformer2DModel + {a.tp} TP {world} + flux_dump; "

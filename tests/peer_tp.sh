@@ -17,6 +17,8 @@
 #      PASS; `flux-oracle assemble DIR -o G.h5` gives a global dump that passes against REF.
 #      Plain RowwiseParallel on the single blocks' proj_out (contiguous Shard(1) of its input
 #      columns, i.e. seed 000's TP-1): exit 1 at step 0 single_transformer_blocks.0.proj_out.
+#   c. diffusers' own TP (enable_parallelism(config=TensorParallelConfig(tp_degree=2)), the class's
+#      `_tp_plan`) on the CPU after two run-time patches: PASS.
 # Without the peer venv (tools/install-peer.sh) or the reference: SKIPPED. FLUX_PEER_VENV: the
 # venv (default .venv-peer). The hook is this checkout's python/flux_dump (PYTHONPATH).
 . "$(dirname "$0")/lib.sh"
@@ -125,5 +127,19 @@ print(p['engine'], p['dtensor_mesh'], json.dumps(sh['transformer_blocks.0.ff.net
       ok "plain RowwiseParallel on proj_out (seed 000 TP-1 through DTensor): exit 1, first divergence step 0 single_transformer_blocks.0.proj_out, ranks 0,1" ||
       bad "DTensor TP-1: $got $(head -c 300 "$T/dt-proj.err")"
   else bad "DTensor TP-1 run failed: $(tail -n 4 "$T/dt-proj.log.0")"; fi
+fi
+
+# ---- c. diffusers' own tensor parallelism (enable_parallelism(config=TensorParallelConfig(tp_degree=2)),
+# the class's _tp_plan; two CPU patches, nothing computed changed: tests/peer_tp.py) ----
+C=$T/diffusers-tp
+if ! tp2 "$C" --tp diffusers; then
+  bad "diffusers TensorParallelConfig(tp_degree=2) run failed: $(tail -n 4 "$C.log.0")"
+elif ! timeout 300 "$SIM" --weights "$W" --inputs "$C/rank_0.h5" --dump "$C.ref.h5" -q </dev/null >"$C.ref.log" 2>&1; then
+  bad "flux-sim cannot replay the diffusers TP run's rank_0.h5: $(tail -n 3 "$C.ref.log")"
+else
+  out=$("$ORACLE" diff "$C" "$C.ref.h5" 2>&1); rc=$?
+  if [ $rc -eq 0 ] && grep -q '^PASS: 0 of 369 .*0 only in A, 0 only in B' <<<"$out"; then
+    ok "diffusers' own TP 2 (enable_parallelism + TensorParallelConfig, _tp_plan with PackedRowwiseParallel proj_out) on CPU, flux-oracle diff DIR REF: $(grep '^PASS' <<<"$out")"
+  else bad "diffusers TP 2: exit $rc: $(tail -n 3 <<<"$out")"; fi
 fi
 finish
