@@ -2,7 +2,7 @@
 """Tensor parallelism on diffusers' real FluxTransformer2DModel, as users write it, dumped per rank with
 flux_dump (tests/peer_tp.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
 
-    peer_tp.py REFDIR OUTDIR --tp megatron|dtensor [--steps N] [--bug proj-out-contiguous|timestep-temporary]
+    peer_tp.py REFDIR OUTDIR --tp megatron|dtensor|diffusers [--steps N] [--bug proj-out-contiguous|timestep-temporary]
 
 One process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo, CPU, fp32. The model is built
 from REFDIR/config.json, loaded strictly from REFDIR/weights.safetensors, run on the inputs of
@@ -31,6 +31,8 @@ rank writes OUTDIR/rank_<r>.h5. Heads are split across ranks: the processor resh
   contiguously (Shard(1)), which is seed 000's bug for an input cat([attn shard, mlp shard]); the
   correct run permutes proj_out's columns first so that rank r's contiguous block is
   [attn r | mlp r] (diffusers' own PackedRowwiseParallel does the same slicing).
+--tp diffusers: diffusers' own TP, enable_parallelism(config=TensorParallelConfig(tp_degree=W)) with the
+  class's `_tp_plan`, two CPU patches (apply_diffusers_tp); flux_dump maps it by itself.
 --bug proj-out-contiguous: seed 000's TP-1: the single blocks' proj_out sliced by contiguous columns
   (megatron: `_Row` of w[:, r*K:(r+1)*K]; dtensor: RowwiseParallel without the permutation).
 --bug timestep-temporary: seed 000's TP-2: rank 0 broadcasts the schedule into a temporary on the
@@ -148,6 +150,31 @@ def apply_megatron(model, rank, ws, bug):
         elif isinstance(m, _Row):
             declare_partial(m.mm)
     declare_downstream(model, rank, ws)
+    check_plan_helper(model, rank, ws)
+
+
+def check_plan_helper(model, rank, ws):
+    """flux_dump.declare_flux_tp (declarations from FLUX.1's plan) must declare exactly what was
+    declared by hand above (a module declared nothing is "replicated" through default_entry); the
+    hand-written declarations stay in force."""
+    from flux_dump import declare_flux_tp, declare_partial
+    from flux_dump.sharding import _ATTR
+    mods = list(model.named_modules())
+    by_hand = {n: getattr(m, _ATTR, ("replicated",)) for n, m in mods}
+    for _, m in mods:
+        if hasattr(m, _ATTR):
+            delattr(m, _ATTR)
+    declare_flux_tp(model, rank, ws)
+    for _, m in mods:
+        if isinstance(m, _Row):
+            declare_partial(m.mm)
+    helper = {n: getattr(m, _ATTR, ("replicated",)) for n, m in mods}
+    diff = sorted(n for n in by_hand if by_hand[n] != helper[n])
+    if diff:
+        raise SystemExit(f"declare_flux_tp differs from the hand declarations at {diff[:6]}")
+    print(f"declare_flux_tp: the same declarations as by hand "
+          f"({sum(1 for v in helper.values() if v[0] == 'shard')} shards, "
+          f"{sum(1 for v in helper.values() if v[0] == 'partial')} partial)")
 
 
 def declare_downstream(model, rank, ws):
@@ -194,26 +221,16 @@ def apply_diffusers_tp(model, rank, ws):
     for the single blocks' proj_out). On a CPU it needs two run-time patches that change nothing
     computed: the device index (patch 1 of peer_diffusers.py: torch.accelerator.device_count() is 0,
     modeling_utils.py:1719 divides by it) and hooks/tensor_parallel.py:25's device list
-    (_SUPPORTED_TP_DEVICES has no "cpu"; apply_tensor_parallel refuses the mesh at :494). Its styles
-    keep use_local_output=True: outputs are local tensors with no placement, so the plan's Linears
-    are declared from the same `_tp_plan` (colwise: shard on the last axis; rowwise: whole after the
-    all-reduce, default_entry) and the modules downstream as for Megatron."""
+    (_SUPPORTED_TP_DEVICES has no "cpu"; apply_tensor_parallel refuses the mesh at :494). Nothing is
+    declared here: FluxDumper finds the TensorParallelConfig on the model and declares the map from
+    the same `_tp_plan` itself (flux_dump.declare_flux_tp; its styles hand back local tensors)."""
     import diffusers.hooks.tensor_parallel as tpm
     from diffusers import TensorParallelConfig
-    from diffusers.hooks.tensor_parallel import _resolve_tp_plan
-    from flux_dump import declare_shard
     if torch.accelerator.device_count() == 0:
         torch.accelerator.device_count = lambda: 1
     if "cpu" not in tpm._SUPPORTED_TP_DEVICES:
         tpm._SUPPORTED_TP_DEVICES = tpm._SUPPORTED_TP_DEVICES + ("cpu",)
-    for blk, rel in _resolve_tp_plan(model, model._tp_plan):
-        for path, style in rel.items():
-            if style == "colwise":
-                declare_shard(sub(blk, path), rank, ws, dim=-1)
-            elif style != "rowwise" and not isinstance(style, tpm.PackedRowwiseParallel):
-                raise SystemExit(f"_tp_plan style {style!r} at {path}: not declared by this test")
     model.enable_parallelism(config=TensorParallelConfig(tp_degree=ws))
-    declare_downstream(model, rank, ws)
 
 
 def to_local_after_dump(modules):
@@ -290,8 +307,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     producer = (f"diffusers {diffusers.__version__} FluxTransformer2DModel + {a.tp} TP {world} + flux_dump; "
                 f"torch {torch.__version__} CPU")
-    with torch.no_grad(), FluxDumper(os.path.join(a.out, "rank_{rank}.h5"), model, producer=producer,
-                                     default_entry="replicated") as d:
+    # diffusers' TP: FluxDumper maps it itself (default_entry "replicated" included)
+    kw = {} if a.tp == "diffusers" else {"default_entry": "replicated"}
+    with torch.no_grad(), FluxDumper(os.path.join(a.out, "rank_{rank}.h5"), model, producer=producer, **kw) as d:
         if planned:
             to_local_after_dump(planned)
         d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,

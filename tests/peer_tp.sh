@@ -18,7 +18,9 @@
 #      Plain RowwiseParallel on the single blocks' proj_out (contiguous Shard(1) of its input
 #      columns, i.e. seed 000's TP-1): exit 1 at step 0 single_transformer_blocks.0.proj_out.
 #   c. diffusers' own TP (enable_parallelism(config=TensorParallelConfig(tp_degree=2)), the class's
-#      `_tp_plan`) on the CPU after two run-time patches: PASS.
+#      `_tp_plan`) on the CPU after two run-time patches, mapped by FluxDumper itself: PASS.
+#   flux_dump.declare_flux_tp (the map from a FLUX.1 `_tp_plan`) declares what part a declares by
+#   hand, and refuses FLUX.2's packed plan.
 # Without the peer venv (tools/install-peer.sh) or the reference: SKIPPED. FLUX_PEER_VENV: the
 # venv (default .venv-peer). The hook is this checkout's python/flux_dump (PYTHONPATH).
 . "$(dirname "$0")/lib.sh"
@@ -72,6 +74,9 @@ print(p['engine'], json.dumps(sh['transformer_blocks.0.attn.to_q']), json.dumps(
   want='declared {"dim": 2, "ranges": [[[0, 64]], [[64, 128]]]} {"dim": 2, "ranges": [[[0, 2]], [[2, 4]]]} replicated 12 True'
   [ "$got" = "$want" ] && ok "Megatron map from the declarations: to_q / norm_q shards (last axis / heads), proj_out replicated, 12 _Row partial products" ||
     bad "Megatron map: $got (want $want)"
+  h=$(grep -h '^declare_flux_tp' "$M.log.0" "$M.log.1" | sort -u)
+  [ "$h" = "declare_flux_tp: the same declarations as by hand (64 shards, 12 partial)" ] &&
+    ok "flux_dump.declare_flux_tp on the Megatron model: $h" || bad "declare_flux_tp vs the hand declarations: '$h' $(tail -n 2 "$M.log.0")"
   if [ $rc -eq 0 ] && grep -q '^PASS: 0 of 369 .*24 only in A, 0 only in B' <<<"$out"; then
     ok "Megatron TP 2 (seed 000's _Col/_Row + all_reduce), flux-oracle diff DIR REF: $(grep '^PASS' <<<"$out")"
   else bad "Megatron TP 2: exit $rc: $(tail -n 3 <<<"$out")"; fi
@@ -138,8 +143,30 @@ elif ! timeout 300 "$SIM" --weights "$W" --inputs "$C/rank_0.h5" --dump "$C.ref.
   bad "flux-sim cannot replay the diffusers TP run's rank_0.h5: $(tail -n 3 "$C.ref.log")"
 else
   out=$("$ORACLE" diff "$C" "$C.ref.h5" 2>&1); rc=$?
+  got=$("$PY" -c "
+import h5py, json, sys
+p = json.loads(h5py.File(sys.argv[1], 'r').attrs['parallel']); sh = p['sharding']
+print(p['engine'], p['mesh'], json.dumps(sh['single_transformer_blocks.3.attn']), sh['single_transformer_blocks.3.proj_out'])" "$C/rank_1.h5" 2>&1)
+  want="declared,diffusers-tp {'tp': 2, 'ulysses': 1, 'ring': 1} {\"dim\": 2, \"ranges\": [[[0, 64]], [[64, 128]]]} replicated"
+  [ "$got" = "$want" ] && ok "diffusers TP: FluxDumper maps it by itself from the model's TensorParallelConfig and _tp_plan (nothing declared by the caller)" ||
+    bad "diffusers TP map: $got (want $want)"
   if [ $rc -eq 0 ] && grep -q '^PASS: 0 of 369 .*0 only in A, 0 only in B' <<<"$out"; then
     ok "diffusers' own TP 2 (enable_parallelism + TensorParallelConfig, _tp_plan with PackedRowwiseParallel proj_out) on CPU, flux-oracle diff DIR REF: $(grep '^PASS' <<<"$out")"
   else bad "diffusers TP 2: exit $rc: $(tail -n 3 <<<"$out")"; fi
 fi
+# FLUX.2's plan packs several blocks per rank into one Linear (to_qkv_mlp_proj, ff.linear_in):
+# declare_flux_tp refuses it up front instead of writing a wrong map
+got=$(PYTHONPATH=$ROOT/python "$VPY" -c "
+import json, sys
+from diffusers import Flux2Transformer2DModel as M
+from flux_dump import declare_flux_tp
+m = M.from_config(json.load(open(sys.argv[1])))
+try:
+    declare_flux_tp(m, 0, 2); print('accepted')
+except ValueError as e:
+    print('refused', e)" "$REF/flux2-tiny/config.json" 2>&1 | tail -n 1)
+if [ ! -f "$REF/flux2-tiny/config.json" ]; then skip "declare_flux_tp on FLUX.2: no $REF/flux2-tiny — it did NOT run"
+elif [[ "$got" == "refused _tp_plan 'transformer_blocks.*.ff.linear_in': style PackedColwiseParallel is not mapped"* ]]; then
+  ok "declare_flux_tp refuses FLUX.2's packed column-parallel plan: ${got:8:120}"
+else bad "declare_flux_tp on FLUX.2: $got"; fi
 finish

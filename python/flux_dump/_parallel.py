@@ -31,9 +31,31 @@ def _get(cfg, key, default=None):
     return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
 
 
+def _tp_config_of(model):
+    """diffusers' TensorParallelConfig that `enable_parallelism` (diffusers >= 0.42) left on the model."""
+    pc = getattr(model, "_parallel_config", None)
+    return getattr(pc, "tensor_parallel_config", None) if pc is not None else None
+
+
 class _ParallelState:
     def __init__(self, model, parallel, rank, world, cp_config, cp_plan, gather_shapes, default_entry=None):
         self.user = dict(parallel) if parallel else {}
+        tp = _tp_config_of(model)
+        if tp is not None:
+            # diffusers' own TP: its `_tp_plan` says which Linears are column/row-parallel; its
+            # styles hand back local tensors (no placements), so the map comes from the plan
+            if _cp_config_of(model, cp_config) is not None:
+                raise ValueError("diffusers context and tensor parallelism together: flux_dump does not map that yet")
+            mesh = getattr(tp, "_mesh", None) or getattr(tp, "mesh", None)
+            if mesh is None:
+                raise ValueError("diffusers tensor parallelism without a device mesh (enable_parallelism not run?)")
+            tr, tw = mesh.get_local_rank(), mesh.size()
+            if (rank is not None and rank != tr) or (world is not None and world != tw):
+                raise ValueError(f"rank={rank}, world={world}, but the TP mesh says rank {tr} of {tw}")
+            rank, world = tr, tw
+            _sh.declare_flux_tp(model, tr, tw)
+            if default_entry is None:
+                default_entry = "replicated"      # everything the plan does not shard is whole
         self.default = default_entry
         self.gather = gather_shapes
         self.cp = _cp_config_of(model, cp_config)
@@ -75,6 +97,8 @@ class _ParallelState:
         if self.cp is not None:
             self.engines.add("diffusers-cp")
         self.dt_mesh = None
+        if tp is not None:
+            self.engines.add("diffusers-tp")
 
     @property
     def active(self):

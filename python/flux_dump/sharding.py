@@ -20,7 +20,8 @@ No torch import at module level: the plan functions run on plain data.
 import re
 
 __all__ = ["chunk_ranges", "torch_chunk_ranges", "cp_layout", "cp_sharding", "declare_shard", "declare_partial",
-           "declare_replicated", "declared_entry", "dtensor_entry", "is_dtensor", "shard_entry"]
+           "declare_replicated", "declared_entry", "declare_flux_tp", "FLUX1_TP_PLAN", "dtensor_entry", "is_dtensor",
+           "shard_entry"]
 
 
 def chunk_ranges(n, world, uneven=False):
@@ -286,6 +287,100 @@ def declared_entry(decl, shape):
         ranges.append([(a, a + s)])
         a += s
     return shard_entry(d, ranges), "shard"
+
+
+# FLUX.1's tensor-parallel plan, as diffusers 0.42 ships it (FluxTransformer2DModel._tp_plan), for a
+# model without one (older diffusers, hand-written TP that follows the same split)
+FLUX1_TP_PLAN = {
+    "transformer_blocks.*.attn.to_q": "colwise", "transformer_blocks.*.attn.to_k": "colwise",
+    "transformer_blocks.*.attn.to_v": "colwise", "transformer_blocks.*.attn.to_out.0": "rowwise",
+    "transformer_blocks.*.attn.add_q_proj": "colwise", "transformer_blocks.*.attn.add_k_proj": "colwise",
+    "transformer_blocks.*.attn.add_v_proj": "colwise", "transformer_blocks.*.attn.to_add_out": "rowwise",
+    "transformer_blocks.*.ff.net.0.proj": "colwise", "transformer_blocks.*.ff.net.2": "rowwise",
+    "transformer_blocks.*.ff_context.net.0.proj": "colwise", "transformer_blocks.*.ff_context.net.2": "rowwise",
+    "single_transformer_blocks.*.attn.to_q": "colwise", "single_transformer_blocks.*.attn.to_k": "colwise",
+    "single_transformer_blocks.*.attn.to_v": "colwise", "single_transformer_blocks.*.proj_mlp": "colwise",
+    "single_transformer_blocks.*.proj_out": "rowwise-packed",
+}
+# FLUX.1's modules downstream of a column-parallel Linear that still hold the rank's shard (their
+# output is never all-reduced): the QK RMSNorms on the head axis of [B, S, H, D], the feed-forward's
+# activation and dropout, the single blocks' MLP activation and attention output on the last axis
+_FLUX1_TP_DOWNSTREAM = {
+    "transformer_blocks": [("attn.norm_q", 2), ("attn.norm_k", 2), ("attn.norm_added_q", 2), ("attn.norm_added_k", 2),
+                           ("ff.net.0", -1), ("ff.net.1", -1), ("ff_context.net.0", -1), ("ff_context.net.1", -1)],
+    "single_transformer_blocks": [("attn.norm_q", 2), ("attn.norm_k", 2), ("act_mlp", -1), ("attn", -1)],
+}
+
+
+def _style_kind(style):
+    """'colwise' / 'rowwise' / None for a _tp_plan value: a string, a torch ParallelStyle, or one of
+    diffusers' packed markers (PackedRowwiseParallel: the output is whole after the all-reduce like
+    any row-parallel Linear; PackedColwiseParallel: several blocks per rank, not mapped here)."""
+    if isinstance(style, str):
+        return {"colwise": "colwise", "rowwise": "rowwise", "rowwise-packed": "rowwise"}.get(style)
+    n = type(style).__name__
+    if n in ("ColwiseParallel",):
+        return "colwise"
+    if n in ("RowwiseParallel", "PackedRowwiseParallel"):
+        return "rowwise"
+    return None
+
+
+def _submodule(model, path):
+    m = model
+    for p in path.split("."):
+        m = m[int(p)] if p.isdigit() else getattr(m, p)
+    return m
+
+
+def declare_flux_tp(model, rank, world, plan=None):
+    """Declare a FLUX.1 tensor-parallel model's map from its plan: each column-parallel Linear's
+    output is shard `rank` of `world` on the last axis, each row-parallel one's is whole (after the
+    all-reduce), and so are the QK norms (head axis), the feed-forward activations and the single
+    blocks' attention output downstream of them. `plan`: a `_tp_plan`-style dict ({"blocks.*.path":
+    "colwise" | "rowwise" | a torch/diffusers style}); default the model's `_tp_plan` (diffusers >=
+    0.42), else FLUX1_TP_PLAN. Call it after the Linears are replaced/parallelized (the modules at the
+    plan's paths are the ones declared), and create the FluxDumper with default_entry="replicated"
+    (diffusers' TensorParallelConfig: FluxDumper calls this itself). A row-parallel module's own
+    local product, if it records one (a child before the all-reduce), is still yours to
+    declare_partial. Returns the names declared. Raises ValueError for a plan it cannot map (a packed
+    column-parallel Linear, e.g. FLUX.2's to_qkv_mlp_proj) or a path the model lacks."""
+    plan = plan if plan is not None else (getattr(model, "_tp_plan", None) or FLUX1_TP_PLAN)
+    rank, world = int(rank), int(world)
+    if not 0 <= rank < world:
+        raise ValueError(f"TP rank {rank} outside world {world}")
+    names, cols = [], set()
+    for pattern, style in plan.items():
+        kind = _style_kind(style)
+        if kind is None:
+            sn = style if isinstance(style, str) else type(style).__name__
+            raise ValueError(f"_tp_plan {pattern!r}: style {sn} is not mapped by declare_flux_tp (a packed column-"
+                             f"parallel Linear holds several blocks per rank, e.g. FLUX.2's): declare it with declare_shard")
+        head, star, tail = pattern.partition(".*.")
+        try:
+            paths = ([f"{head}.{i}.{tail}" for i in range(len(_submodule(model, head)))] if star else [pattern])
+            mods = [(p, _submodule(model, p)) for p in paths]
+        except (AttributeError, IndexError, TypeError) as e:
+            raise ValueError(f"_tp_plan {pattern!r}: the model has no such module ({e})") from None
+        for p, m in mods:
+            if kind == "colwise":
+                declare_shard(m, rank, world, dim=-1)
+                cols.add(p.split(".")[0])
+            else:
+                declare_replicated(m)
+            names.append(p)
+    for blocks, subs in _FLUX1_TP_DOWNSTREAM.items():
+        if blocks not in cols:
+            continue
+        for i, blk in enumerate(getattr(model, blocks, [])):
+            for path, dim in subs:
+                try:
+                    m = _submodule(blk, path)
+                except (AttributeError, IndexError):
+                    continue
+                declare_shard(m, rank, world, dim=dim)
+                names.append(f"{blocks}.{i}.{path}")
+    return names
 
 
 # ---- DTensor ------------------------------------------------------------------------------------
