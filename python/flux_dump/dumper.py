@@ -53,10 +53,15 @@ one flux-sim's --dump-per-rank writes) is written after each step, the map worke
     ranks' local shapes are all-gathered once (a collective: every rank must record that step;
     `gather_shapes=False` judges each rank alone). flux_dump.sharding.cp_sharding has the rules.
   - DTensor outputs (torch >= 2.0): the local tensor is stored, its placements give the entry.
+  - diffusers' own tensor parallelism (`enable_parallelism(config=TensorParallelConfig(..))`,
+    diffusers >= 0.42): from the TensorParallelConfig the model carries and its `_tp_plan`
+    (flux_dump.declare_flux_tp, called here; default_entry "replicated"). FLUX.1 only: FLUX.2's
+    packed plan is refused.
   - hand-written Megatron modules: flux_dump.declare_shard(module, rank, world, dim) ("this
     module's output is shard r of N on dim d"), declare_partial(module) (a row-parallel Linear's
     output before its all-reduce: listed under `partial` beside `sharding`), declare_replicated;
-    `default_entry="replicated"` for every name not declared.
+    `default_entry="replicated"` for every name not declared; declare_flux_tp(model, rank, world)
+    declares a TP that follows FLUX.1's plan in one call.
   `d.declare(name, entry)` sets one entry by hand; `parallel=` keys given by the user are kept.
   Names the dumper cannot place are left out of the map and listed under `unmapped`, with a warning.
   docs/peers.md: the recipe per engine and what flux-oracle reads.
