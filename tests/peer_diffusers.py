@@ -2,7 +2,7 @@
 """diffusers' own FLUX transformers, run as their pipelines run them and dumped with flux_dump
 (tests/peer_diffusers.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
 
-    peer_diffusers.py FAMILY REFDIR OUT [--steps N] [--cp ring|ulysses] [--bug timestep-rank1]
+    peer_diffusers.py FAMILY REFDIR OUT [--steps N] [--cp ring|ulysses | --tp] [--bug timestep-rank1]
                       [--kv] [--fp64 | --bf16] [--inputs FILE]
 
 FAMILY flux1 | flux2: diffusers' FluxTransformer2DModel | Flux2Transformer2DModel, built from
@@ -25,6 +25,9 @@ computed (docs/peers.md):
   3. ... whose forward op calls aten::_scaled_dot_product_flash_attention, which has no CPU kernel:
      it is routed to aten::_scaled_dot_product_flash_attention_for_cpu, the same attention on the
      CPU (its LSE [B, H, S], as the CUDA kernel's).
+--tp: diffusers' own tensor parallelism, `transformer.enable_parallelism(config=TensorParallelConfig(
+tp_degree=W))` with the class's `_tp_plan`, one process per rank as for --cp; two run-time patches
+(tp_cpu_patches) make it run on a CPU; FluxDumper maps the per-rank dumps itself.
 --kv: FLUX.2 reference images through the KV cache, as Flux2KleinKVPipeline runs them (its
 _set_kv_attn_processors, step 0 kv_cache_mode="extract" on cat([image_latents, latents]) and
 cat([image_latent_ids, img_ids]), later steps "cached" with the returned Flux2KVCache); the
@@ -95,6 +98,19 @@ def cpu_patches():
     ad._native_flash_attention_forward_op = flash_cpu
 
 
+def tp_cpu_patches():
+    """diffusers' own tensor parallelism (enable_parallelism(config=TensorParallelConfig(..)),
+    diffusers >= 0.42) on a CPU: the device index (modeling_utils.py:1719 divides by
+    torch.accelerator.device_count(), 0 here) and hooks/tensor_parallel.py:25's device list
+    (_SUPPORTED_TP_DEVICES has no "cpu": apply_tensor_parallel refuses the mesh at :494). Neither
+    changes what is computed: the plan's sharding and all-reduces run on gloo as they would on NCCL."""
+    import diffusers.hooks.tensor_parallel as tpm
+    if torch.accelerator.device_count() == 0:
+        torch.accelerator.device_count = lambda: 1
+    if "cpu" not in tpm._SUPPORTED_TP_DEVICES:
+        tpm._SUPPORTED_TP_DEVICES = tpm._SUPPORTED_TP_DEVICES + ("cpu",)
+
+
 class PromoteFP32ToFP64:
     """--fp64: diffusers computes three things in float32 whatever the model dtype (the timestep
     sinusoid's torch.arange(dtype=float32) and .float(), the RoPE tables' and apply_rotary_emb's
@@ -126,6 +142,9 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--cp", choices=["ring", "ulysses"])
+    ap.add_argument("--tp", action="store_true",
+                    help="diffusers' own tensor parallelism over WORLD_SIZE gloo ranks: enable_parallelism(config="
+                         "TensorParallelConfig(tp_degree=W)), the class's _tp_plan (tp_cpu_patches)")
     ap.add_argument("--bug", choices=["timestep-rank1"])
     ap.add_argument("--true-cfg", action="store_true",
                     help="true CFG with the negative prompt and scale of REFDIR/dump_fp32.h5's /inputs: "
@@ -152,11 +171,11 @@ def main():
         from diffusers import FluxTransformer2DModel as Model
 
     rank, world = 0, 1
-    if a.cp:
+    if a.cp or a.tp:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        cpu_patches()
+        cpu_patches() if a.cp else tp_cpu_patches()
 
     cfg = json.load(open(os.path.join(a.refdir, "config.json")))
     dt = torch.float64 if a.fp64 else torch.bfloat16 if a.bf16 else torch.float32
@@ -227,6 +246,11 @@ def main():
         model.enable_parallelism(config=cpc)
         os.makedirs(a.out, exist_ok=True)
         path = os.path.join(a.out, "rank_{rank}.h5")
+    elif a.tp:   # FluxDumper maps it itself from the model's TensorParallelConfig and _tp_plan
+        from diffusers import TensorParallelConfig
+        model.enable_parallelism(config=TensorParallelConfig(tp_degree=world))
+        os.makedirs(a.out, exist_ok=True)
+        path = os.path.join(a.out, "rank_{rank}.h5")
     else:
         path = a.out
     if a.bug == "timestep-rank1" and rank == 1:
@@ -235,7 +259,8 @@ def main():
         emb.forward = lambda timestep, *args, **kw2: orig(timestep * 0, *args, **kw2)
 
     producer = (f"diffusers {diffusers.__version__} {Model.__name__}"
-                f"{f' + enable_parallelism({a.cp} {world})' if a.cp else ''} + flux_dump; torch {torch.__version__} CPU")
+                f"{f' + enable_parallelism({a.cp} {world})' if a.cp else ''}"
+                f"{f' + enable_parallelism(tp {world})' if a.tp else ''} + flux_dump; torch {torch.__version__} CPU")
     with torch.no_grad(), FluxDumper(path, model, producer=producer, **kw) as d:
         extra = {}
         if neg is not None:
@@ -281,7 +306,7 @@ def main():
                     latents = scheduler.step(v, t, latents, return_dict=False)[0]
                 d.record("latents_out", latents)
         d.final(latents)
-    if a.cp:
+    if a.cp or a.tp:
         import torch.distributed as dist
         dist.barrier()
         dist.destroy_process_group()

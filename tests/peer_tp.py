@@ -52,7 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import calculate_shift  # noqa: E402  (FluxPipeline's mu, as peer_diffusers.py runs it)
+from peer_diffusers import calculate_shift, tp_cpu_patches  # noqa: E402  (FluxPipeline's mu; diffusers TP on a CPU)
 
 COL = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
        "ff.net.0.proj", "ff_context.net.0.proj"]
@@ -219,17 +219,12 @@ def apply_diffusers_tp(model, rank, ws):
     """diffusers' own tensor parallelism: enable_parallelism(config=TensorParallelConfig(tp_degree=W)),
     which applies the class's `_tp_plan` with parallelize_module (colwise / rowwise / packed rowwise
     for the single blocks' proj_out). On a CPU it needs two run-time patches that change nothing
-    computed: the device index (patch 1 of peer_diffusers.py: torch.accelerator.device_count() is 0,
-    modeling_utils.py:1719 divides by it) and hooks/tensor_parallel.py:25's device list
-    (_SUPPORTED_TP_DEVICES has no "cpu"; apply_tensor_parallel refuses the mesh at :494). Nothing is
+    computed (peer_diffusers.tp_cpu_patches: the device index, modeling_utils.py:1719, and
+    hooks/tensor_parallel.py:25's device list, which has no "cpu"). Nothing is
     declared here: FluxDumper finds the TensorParallelConfig on the model and declares the map from
     the same `_tp_plan` itself (flux_dump.declare_flux_tp; its styles hand back local tensors)."""
-    import diffusers.hooks.tensor_parallel as tpm
     from diffusers import TensorParallelConfig
-    if torch.accelerator.device_count() == 0:
-        torch.accelerator.device_count = lambda: 1
-    if "cpu" not in tpm._SUPPORTED_TP_DEVICES:
-        tpm._SUPPORTED_TP_DEVICES = tpm._SUPPORTED_TP_DEVICES + ("cpu",)
+    tp_cpu_patches()
     model.enable_parallelism(config=TensorParallelConfig(tp_degree=ws))
 
 

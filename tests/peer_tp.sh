@@ -19,8 +19,10 @@
 #      columns, i.e. seed 000's TP-1): exit 1 at step 0 single_transformer_blocks.0.proj_out.
 #   c. diffusers' own TP (enable_parallelism(config=TensorParallelConfig(tp_degree=2)), the class's
 #      `_tp_plan`) on the CPU after two run-time patches, mapped by FluxDumper itself: PASS.
-#   flux_dump.declare_flux_tp (the map from a FLUX.1 `_tp_plan`) declares what part a declares by
-#   hand, and refuses FLUX.2's packed plan.
+#   d. FLUX.2 (flux2-tiny): diffusers' own TP 2 (tests/peer_diffusers.py --tp), its packed
+#      column-parallel Linears mapped as a piece of each block per rank: PASS; assembled: PASS.
+#   flux_dump.declare_flux_tp (the map from a `_tp_plan`) declares what part a declares by hand,
+#   and refuses a style it cannot map.
 # Without the peer venv (tools/install-peer.sh) or the reference: SKIPPED. FLUX_PEER_VENV: the
 # venv (default .venv-peer). The hook is this checkout's python/flux_dump (PYTHONPATH).
 . "$(dirname "$0")/lib.sh"
@@ -154,19 +156,52 @@ print(p['engine'], p['mesh'], json.dumps(sh['single_transformer_blocks.3.attn'])
     ok "diffusers' own TP 2 (enable_parallelism + TensorParallelConfig, _tp_plan with PackedRowwiseParallel proj_out) on CPU, flux-oracle diff DIR REF: $(grep '^PASS' <<<"$out")"
   else bad "diffusers TP 2: exit $rc: $(tail -n 3 <<<"$out")"; fi
 fi
-# FLUX.2's plan packs several blocks per rank into one Linear (to_qkv_mlp_proj, ff.linear_in):
-# declare_flux_tp refuses it up front instead of writing a wrong map
+# ---- d. FLUX.2: diffusers' own TP 2 on Flux2Transformer2DModel (flux2-tiny), its plan's packed
+# column-parallel Linears (to_qkv_mlp_proj: q|k|v|gate|up; ff.linear_in: gate|up) mapped as a
+# piece of each block per rank (several intervals), run by tests/peer_diffusers.py --tp ----
+F2=$T/flux2-tp
+if [ ! -f "$REF/flux2-tiny/weights.safetensors" ] || [ ! -f "$REF/flux2-tiny/dump_fp32.h5" ]; then
+  skip "FLUX.2 diffusers TP: no $REF/flux2-tiny — it did NOT run"
+else
+  port=$((20000 + RANDOM % 20000)); pids=(); rc=0
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout 300 "$VPY" tests/peer_diffusers.py flux2 "$REF/flux2-tiny" "$F2" --tp >"$F2.log.$r" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  if [ $rc -ne 0 ]; then bad "FLUX.2 diffusers TP 2 run failed: $(tail -n 4 "$F2.log.0")"
+  elif ! timeout 300 "$SIM" --weights "$REF/flux2-tiny/weights.safetensors" --inputs "$F2/rank_0.h5" --dump "$F2.ref.h5" -q </dev/null >"$F2.ref.log" 2>&1; then
+    bad "flux-sim cannot replay the FLUX.2 TP run's rank_0.h5: $(tail -n 3 "$F2.ref.log")"
+  else
+    got=$("$PY" -c "
+import h5py, json, sys
+p = json.loads(h5py.File(sys.argv[1], 'r').attrs['parallel']); sh = p['sharding']
+print(p['engine'], json.dumps(sh['single_transformer_blocks.0.attn.to_qkv_mlp_proj']), json.dumps(sh['transformer_blocks.0.ff.act_fn']), sh['single_transformer_blocks.0.attn'])" "$F2/rank_1.h5" 2>&1)
+    want='declared,diffusers-tp {"dim": 2, "ranges": [[[0, 64], [128, 192], [256, 320], [384, 576], [768, 960]], [[64, 128], [192, 256], [320, 384], [576, 768], [960, 1152]]]} {"dim": 2, "ranges": [[[0, 192]], [[192, 384]]]} replicated'
+    [ "$got" = "$want" ] && ok "FLUX.2 diffusers TP map: to_qkv_mlp_proj a piece of each of q|k|v|gate|up, act_fn a shard, attn whole" ||
+      bad "FLUX.2 diffusers TP map: $got (want $want)"
+    out=$("$ORACLE" diff "$F2" "$F2.ref.h5" 2>&1); rc=$?
+    [ $rc -eq 0 ] && grep -q '^PASS: 0 of 252 .*0 only in A, 0 only in B' <<<"$out" &&
+      ok "FLUX.2 diffusers' own TP 2 (packed column-parallel plan), flux-oracle diff DIR REF: $(grep '^PASS' <<<"$out")" ||
+      bad "FLUX.2 diffusers TP 2: exit $rc: $(tail -n 3 <<<"$out")"
+    if "$ORACLE" assemble "$F2" -o "$F2.global.h5" >"$F2.asm.log" 2>&1 &&
+       out=$("$ORACLE" diff "$F2.global.h5" "$F2.ref.h5" 2>&1) && grep -q '^PASS: 0 of 252' <<<"$out"; then
+      ok "FLUX.2 TP: assemble DIR (several intervals per rank) -o G.h5, G vs REF: $(grep '^PASS' <<<"$out")"
+    else bad "FLUX.2 TP assemble: $(tail -n 2 "$F2.asm.log") $(tail -n 2 <<<"$out")"; fi
+  fi
+fi
+
+# a style declare_flux_tp cannot map is refused up front, not written as a wrong map
 got=$(PYTHONPATH=$ROOT/python "$VPY" -c "
-import json, sys
-from diffusers import Flux2Transformer2DModel as M
+import torch.nn as nn
 from flux_dump import declare_flux_tp
-m = M.from_config(json.load(open(sys.argv[1])))
+class Odd: pass
+m = nn.Module(); m.transformer_blocks = nn.ModuleList([nn.Module()]); m.transformer_blocks[0].to_q = nn.Linear(4, 4)
 try:
-    declare_flux_tp(m, 0, 2); print('accepted')
+    declare_flux_tp(m, 0, 2, plan={'transformer_blocks.*.to_q': Odd()}); print('accepted')
 except ValueError as e:
-    print('refused', e)" "$REF/flux2-tiny/config.json" 2>&1 | tail -n 1)
-if [ ! -f "$REF/flux2-tiny/config.json" ]; then skip "declare_flux_tp on FLUX.2: no $REF/flux2-tiny — it did NOT run"
-elif [[ "$got" == "refused _tp_plan 'transformer_blocks.*.ff.linear_in': style PackedColwiseParallel is not mapped"* ]]; then
-  ok "declare_flux_tp refuses FLUX.2's packed column-parallel plan: ${got:8:120}"
-else bad "declare_flux_tp on FLUX.2: $got"; fi
+    print('refused', e)" 2>&1 | tail -n 1)
+[[ "$got" == "refused _tp_plan 'transformer_blocks.*.to_q': style Odd is not mapped"* ]] &&
+  ok "declare_flux_tp refuses a style it cannot map: ${got:8:100}" || bad "declare_flux_tp, unknown style: $got"
 finish

@@ -114,7 +114,7 @@ class _ParallelState:
     def note_declared(self, name, decl, shape):
         entry, kind = _sh.declared_entry(decl, shape)
         self.engines.add("declared")
-        if decl[0] == "shard":
+        if decl[0] in ("shard", "packed"):
             r, w = decl[1], decl[2]
             if self.rank is None:
                 self.rank = r

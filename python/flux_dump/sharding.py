@@ -20,7 +20,7 @@ No torch import at module level: the plan functions run on plain data.
 import re
 
 __all__ = ["chunk_ranges", "torch_chunk_ranges", "cp_layout", "cp_sharding", "declare_shard", "declare_partial",
-           "declare_replicated", "declared_entry", "declare_flux_tp", "FLUX1_TP_PLAN", "dtensor_entry", "is_dtensor",
+           "declare_replicated", "declared_entry", "declare_flux_tp", "declare_packed_shard", "FLUX1_TP_PLAN", "dtensor_entry", "is_dtensor",
            "shard_entry"]
 
 
@@ -265,6 +265,18 @@ def declare_replicated(module):
     return module
 
 
+def declare_packed_shard(module, rank, world, dim, blocks):
+    """This module's output is a packed column-parallel Linear's: its global axis `dim` is the
+    concatenation of blocks (proportional sizes `blocks`, e.g. [1, 1, 1, 2, 2] for FLUX.2's
+    q | k | v | gate | up), each split evenly over the ranks, and rank r holds block by block its
+    piece of each, concatenated (diffusers' PackedColwiseParallel)."""
+    blocks = [int(b) for b in blocks]
+    if not blocks or any(b <= 0 for b in blocks):
+        raise ValueError(f"packed blocks {blocks}: positive proportional sizes")
+    setattr(module, _ATTR, ("packed", int(rank), int(world), int(dim), blocks))
+    return module
+
+
 def declared_entry(decl, shape):
     """(map entry, kind) of a declaration for a local tensor of `shape`: kind "shard", "partial",
     "replicated"."""
@@ -272,6 +284,24 @@ def declared_entry(decl, shape):
         return "replicated", "replicated"
     if decl[0] == "partial":
         return decl[1], "partial"
+    if decl[0] == "packed":
+        _, rank, world, dim, blocks = decl
+        nd = len(shape)
+        if not -nd <= dim < nd:
+            raise ValueError(f"declared packed shard dim {dim} outside a {nd}-D output")
+        d = dim % nd
+        total = shape[d] * world
+        if total % sum(blocks) or any((b * (total // sum(blocks))) % world for b in blocks):
+            raise ValueError(f"packed blocks {blocks} over {world} ranks do not fit a local extent of {shape[d]}")
+        unit = total // sum(blocks)
+        per_rank = [[] for _ in range(world)]
+        o = 0
+        for b in blocks:
+            k = b * unit // world
+            for r in range(world):
+                per_rank[r].append((o + r * k, o + (r + 1) * k))
+            o += b * unit
+        return shard_entry(d, per_rank), "shard"
     _, rank, world, dim, sizes = decl
     nd = len(shape)
     if not -nd <= dim < nd:
@@ -312,15 +342,34 @@ _FLUX1_TP_DOWNSTREAM = {
 }
 
 
+# FLUX.2 (Flux2Transformer2DModel): the double blocks' SwiGLU feed-forward (act_fn and its gate_fn
+# after the packed linear_in), the single blocks' MLP activation inside the attention module; the
+# single blocks' attention output is whole (its to_out is row-parallel)
+_FLUX2_TP_DOWNSTREAM = {
+    "transformer_blocks": [("attn.norm_q", 2), ("attn.norm_k", 2), ("attn.norm_added_q", 2), ("attn.norm_added_k", 2),
+                           ("ff.act_fn", -1), ("ff.act_fn.gate_fn", -1), ("ff_context.act_fn", -1),
+                           ("ff_context.act_fn.gate_fn", -1)],
+    "single_transformer_blocks": [("attn.norm_q", 2), ("attn.norm_k", 2), ("attn.mlp_act_fn", -1),
+                                  ("attn.mlp_act_fn.gate_fn", -1)],
+}
+
+
+def _is_flux2(model):
+    return any(k.__name__ == "Flux2Transformer2DModel" for k in type(model).__mro__) or any(
+        hasattr(getattr(b, "attn", None), "to_qkv_mlp_proj") for b in getattr(model, "single_transformer_blocks", []))
+
+
 def _style_kind(style):
-    """'colwise' / 'rowwise' / None for a _tp_plan value: a string, a torch ParallelStyle, or one of
-    diffusers' packed markers (PackedRowwiseParallel: the output is whole after the all-reduce like
-    any row-parallel Linear; PackedColwiseParallel: several blocks per rank, not mapped here)."""
+    """'colwise' / 'rowwise' / 'packed' / None for a _tp_plan value: a string, a torch ParallelStyle,
+    or one of diffusers' packed markers (PackedRowwiseParallel: the output is whole after the
+    all-reduce like any row-parallel Linear; PackedColwiseParallel: a piece of each block)."""
     if isinstance(style, str):
         return {"colwise": "colwise", "rowwise": "rowwise", "rowwise-packed": "rowwise"}.get(style)
     n = type(style).__name__
     if n in ("ColwiseParallel",):
         return "colwise"
+    if n == "PackedColwiseParallel":
+        return "packed"
     if n in ("RowwiseParallel", "PackedRowwiseParallel"):
         return "rowwise"
     return None
@@ -334,17 +383,19 @@ def _submodule(model, path):
 
 
 def declare_flux_tp(model, rank, world, plan=None):
-    """Declare a FLUX.1 tensor-parallel model's map from its plan: each column-parallel Linear's
-    output is shard `rank` of `world` on the last axis, each row-parallel one's is whole (after the
-    all-reduce), and so are the QK norms (head axis), the feed-forward activations and the single
-    blocks' attention output downstream of them. `plan`: a `_tp_plan`-style dict ({"blocks.*.path":
+    """Declare a FLUX tensor-parallel model's map from its plan: each column-parallel Linear's
+    output is shard `rank` of `world` on the last axis (a packed one, diffusers'
+    PackedColwiseParallel: a piece of each of its blocks), each row-parallel one's is whole (after
+    the all-reduce); the modules downstream that still hold the rank's shard are declared too:
+    FLUX.1 the QK norms (head axis), the feed-forward activations and the single blocks' attention
+    output; FLUX.2 the QK norms and the SwiGLU activations (act_fn, mlp_act_fn, their gate_fn). `plan`: a `_tp_plan`-style dict ({"blocks.*.path":
     "colwise" | "rowwise" | a torch/diffusers style}); default the model's `_tp_plan` (diffusers >=
     0.42), else FLUX1_TP_PLAN. Call it after the Linears are replaced/parallelized (the modules at the
     plan's paths are the ones declared), and create the FluxDumper with default_entry="replicated"
     (diffusers' TensorParallelConfig: FluxDumper calls this itself). A row-parallel module's own
     local product, if it records one (a child before the all-reduce), is still yours to
-    declare_partial. Returns the names declared. Raises ValueError for a plan it cannot map (a packed
-    column-parallel Linear, e.g. FLUX.2's to_qkv_mlp_proj) or a path the model lacks."""
+    declare_partial. Returns the names declared. Raises ValueError for a style it cannot map or a
+    path the model lacks."""
     plan = plan if plan is not None else (getattr(model, "_tp_plan", None) or FLUX1_TP_PLAN)
     rank, world = int(rank), int(world)
     if not 0 <= rank < world:
@@ -354,8 +405,8 @@ def declare_flux_tp(model, rank, world, plan=None):
         kind = _style_kind(style)
         if kind is None:
             sn = style if isinstance(style, str) else type(style).__name__
-            raise ValueError(f"_tp_plan {pattern!r}: style {sn} is not mapped by declare_flux_tp (a packed column-"
-                             f"parallel Linear holds several blocks per rank, e.g. FLUX.2's): declare it with declare_shard")
+            raise ValueError(f"_tp_plan {pattern!r}: style {sn} is not mapped by declare_flux_tp (colwise, rowwise "
+                             f"and diffusers' packed styles are): declare it with declare_shard")
         head, star, tail = pattern.partition(".*.")
         try:
             paths = ([f"{head}.{i}.{tail}" for i in range(len(_submodule(model, head)))] if star else [pattern])
@@ -366,10 +417,18 @@ def declare_flux_tp(model, rank, world, plan=None):
             if kind == "colwise":
                 declare_shard(m, rank, world, dim=-1)
                 cols.add(p.split(".")[0])
+            elif kind == "packed":
+                blocks = getattr(style, "blocks", None) or getattr(m, "_tp_packed_col_blocks", None)
+                if not blocks:
+                    raise ValueError(f"_tp_plan {pattern!r}: a packed column-parallel Linear without blocks "
+                                     f"(no `blocks`, no _tp_packed_col_blocks on {p})")
+                declare_packed_shard(m, rank, world, -1, blocks)
+                cols.add(p.split(".")[0])
             else:
                 declare_replicated(m)
             names.append(p)
-    for blocks, subs in _FLUX1_TP_DOWNSTREAM.items():
+    downstream = _FLUX2_TP_DOWNSTREAM if _is_flux2(model) else _FLUX1_TP_DOWNSTREAM
+    for blocks, subs in downstream.items():
         if blocks not in cols:
             continue
         for i, blk in enumerate(getattr(model, blocks, [])):
