@@ -55,8 +55,8 @@ one flux-sim's --dump-per-rank writes) is written after each step, the map worke
   - DTensor outputs (torch >= 2.0): the local tensor is stored, its placements give the entry.
   - diffusers' own tensor parallelism (`enable_parallelism(config=TensorParallelConfig(..))`,
     diffusers >= 0.42): from the TensorParallelConfig the model carries and its `_tp_plan`
-    (flux_dump.declare_flux_tp, called here; default_entry "replicated"). FLUX.1 only: FLUX.2's
-    packed plan is refused.
+    (flux_dump.declare_flux_tp, called here; default_entry "replicated"), FLUX.1 and FLUX.2 (a
+    packed column-parallel Linear: a piece of each block per rank).
   - hand-written Megatron modules: flux_dump.declare_shard(module, rank, world, dim) ("this
     module's output is shard r of N on dim d"), declare_partial(module) (a row-parallel Linear's
     output before its all-reduce: listed under `partial` beside `sharding`), declare_replicated;
