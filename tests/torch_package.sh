@@ -21,6 +21,8 @@
 #   4. The bf16 recipe of flux_dump's docstring on tools/torch/torch_flux.py's FLUX with the tiny reference
 #      weights: the dump is complete (the old recipe's /inputs/timesteps, bf16(t/1000), is refused
 #      at close), flux-sim replays it and docs/bf16.md's three commands PASS it.
+#   The declarations' entries without a run: declare_packed_shard (several intervals per rank, a
+#   misfit refused), declare_flux_tp on a plan.
 # Needs python3-torch/h5py (else SKIPPED), mpirun for flux-sim's side, the reference for part 4.
 . "$(dirname "$0")/lib.sh"
 PYT=/usr/bin/python3
@@ -42,6 +44,27 @@ else
 fi
 out=$(PYTHONPATH=tools/torch $PYT -c "import torch_dump, flux_dump.dumper as d; print(torch_dump.FluxDumper is d.FluxDumper, torch_dump.pipeline_timesteps is d.pipeline_timesteps)" 2>&1)
 [ "$out" = "True True" ] && ok "tools/torch/torch_dump.py re-exports the package's FluxDumper (one copy)" || bad "shim: $out"
+
+# the declarations' entries without a run (tests/peer_tp.sh runs them on diffusers' models): a packed
+# column-parallel output (diffusers' PackedColwiseParallel: FLUX.2's q|k|v|gate|up) is a piece of
+# each block per rank; blocks that do not fit the local extent are refused
+out=$(PYTHONPATH=python $PYT -c "
+import json, torch.nn as nn
+from flux_dump.sharding import declared_entry, declare_packed_shard, declare_flux_tp, _ATTR
+m = declare_packed_shard(nn.Linear(2, 2), 1, 2, -1, [1, 1, 1, 2, 2])
+print(json.dumps(declared_entry(getattr(m, _ATTR), (1, 5, 28))[0]))
+try:
+    declared_entry(getattr(m, _ATTR), (1, 5, 27)); print('accepted')
+except ValueError as e:
+    print('refused:', e)
+t = nn.Module(); t.transformer_blocks = nn.ModuleList([nn.Module()]); b = t.transformer_blocks[0]
+b.attn = nn.Module(); b.attn.to_q = nn.Linear(2, 2); b.attn.norm_q = nn.Identity(); b.attn.to_out = nn.ModuleList([nn.Linear(2, 2)])
+print(sorted(declare_flux_tp(t, 0, 2, plan={'transformer_blocks.*.attn.to_q': 'colwise', 'transformer_blocks.*.attn.to_out.0': 'rowwise'})))" 2>&1)
+want='{"dim": 2, "ranges": [[[0, 4], [8, 12], [16, 20], [24, 32], [40, 48]], [[4, 8], [12, 16], [20, 24], [32, 40], [48, 56]]]}
+refused: packed blocks [1, 1, 1, 2, 2] over 2 ranks do not fit a local extent of 27
+['"'"'transformer_blocks.0.attn.norm_q'"'"', '"'"'transformer_blocks.0.attn.to_out.0'"'"', '"'"'transformer_blocks.0.attn.to_q'"'"']'
+[ "$out" = "$want" ] && ok "declare_packed_shard: a piece of each of 5 blocks per rank, a misfit refused; declare_flux_tp declares the plan and the QK norm after it" ||
+  bad "declarations: $out"
 
 # ---- 2, 3: two gloo processes per run ----
 run2() {   # run2 MODE S_IMG S_TXT DIR: the single-process run, then 2 ranks
