@@ -2,7 +2,7 @@
 """Tensor parallelism on diffusers' real FluxTransformer2DModel, as users write it, dumped per rank with
 flux_dump (tests/peer_tp.sh; the peer venv of tools/install-peer.sh: PyPI torch 2.15.0, diffusers 0.42.1).
 
-    peer_tp.py REFDIR OUTDIR --tp megatron|dtensor|diffusers [--steps N] [--bug proj-out-contiguous|timestep-temporary]
+    peer_tp.py REFDIR OUTDIR --tp megatron|dtensor|diffusers [--steps N] [--row-inline] [--bug proj-out-contiguous|timestep-temporary]
 
 One process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo, CPU, fp32. The model is built
 from REFDIR/config.json, loaded strictly from REFDIR/weights.safetensors, run on the inputs of
@@ -105,8 +105,10 @@ class _Row(nn.Module):
             self.mm.weight.copy_(w)
         self.bias = nn.Parameter(b.clone()) if b is not None else None
 
+    inline = False     # --row-inline: the product computed inline, no child module: nothing partial recorded
+
     def forward(self, x):
-        y = self.mm(x)
+        y = F.linear(x, self.mm.weight) if self.inline else self.mm(x)
         dist.all_reduce(y)
         return y + self.bias if self.bias is not None else y
 
@@ -147,7 +149,7 @@ def apply_megatron(model, rank, ws, bug):
     for name, m in model.named_modules():
         if isinstance(m, _Col):
             declare_shard(m, rank, ws, dim=-1)
-        elif isinstance(m, _Row):
+        elif isinstance(m, _Row) and not m.inline:
             declare_partial(m.mm)
     declare_downstream(model, rank, ws)
     check_plan_helper(model, rank, ws)
@@ -166,7 +168,7 @@ def check_plan_helper(model, rank, ws):
             delattr(m, _ATTR)
     declare_flux_tp(model, rank, ws)
     for _, m in mods:
-        if isinstance(m, _Row):
+        if isinstance(m, _Row) and not m.inline:
             declare_partial(m.mm)
     helper = {n: getattr(m, _ATTR, ("replicated",)) for n, m in mods}
     diff = sorted(n for n in by_hand if by_hand[n] != helper[n])
@@ -246,6 +248,9 @@ def main():
     ap.add_argument("--tp", choices=["megatron", "dtensor", "diffusers"], required=True)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--bug", choices=["proj-out-contiguous", "timestep-temporary"])
+    ap.add_argument("--row-inline", action="store_true",
+                    help="megatron: _Row computes its local product inline (no `mm` child recorded, nothing "
+                         "declared partial), so that flux-oracle assemble takes the dumps")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -293,6 +298,7 @@ def main():
 
     planned = []
     if a.tp == "megatron":
+        _Row.inline = a.row_inline
         apply_megatron(model, rank, world, a.bug)
     elif a.tp == "dtensor":
         planned = apply_dtensor(model, rank, world, a.bug)

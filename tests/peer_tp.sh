@@ -7,7 +7,8 @@
 #   a. Megatron TP the seeds' way: the Linears replaced at run time by seed 000's _Col/_Row
 #      (dist.all_reduce), heads split, declared with declare_shard/declare_partial and
 #      default_entry="replicated": PASS (the _Row partial products, which a global reference
-#      lacks, listed only in A). Seed 000's TP-1 planted (the single blocks' proj_out sliced by
+#      lacks, listed only in A); with _Row's product inline (--row-inline: nothing partial)
+#      `flux-oracle assemble` takes the dumps and the global one passes. Seed 000's TP-1 planted (the single blocks' proj_out sliced by
 #      contiguous columns): exit 1 at step 0 single_transformer_blocks.0.proj_out, ranks 0,1.
 #      Seed 000's TP-2 planted (the schedule broadcast into a temporary: ranks > 0 keep zeros):
 #      exit 1 at /inputs/timesteps, rank 1 (the recipe records what rank 1 passed), and the
@@ -85,6 +86,14 @@ print(p['engine'], json.dumps(sh['transformer_blocks.0.attn.to_q']), json.dumps(
 fi
 
 if [ -f "$REFH" ]; then
+  # _Row's product computed inline (no `mm` recorded, nothing partial): assemble takes the dumps
+  if tp2 "$T/meg-inline" --tp megatron --row-inline; then
+    if "$ORACLE" assemble "$T/meg-inline" -o "$T/meg-global.h5" >"$T/meg-asm.log" 2>&1 &&
+       out=$("$ORACLE" diff "$T/meg-global.h5" "$REFH" 2>&1) && grep -q '^PASS: 0 of 369 .*0 only in A, 0 only in B' <<<"$out"; then
+      ok "Megatron with _Row's product inline: assemble DIR -o G.h5, G vs REF: $(grep '^PASS' <<<"$out")"
+    else bad "Megatron --row-inline assemble: $(tail -n 2 "$T/meg-asm.log") $(tail -n 2 <<<"$out")"; fi
+  else bad "Megatron --row-inline run failed: $(tail -n 4 "$T/meg-inline.log.0")"; fi
+
   if tp2 "$T/meg-proj" --tp megatron --bug proj-out-contiguous; then
     got=$(verdict "$T/meg-proj" "$REFH")
     [[ "$got" == "1 diverge 0 /step_0000 single_transformer_blocks.0.proj_out [0, 1] "* ]] &&
