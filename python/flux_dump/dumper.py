@@ -60,8 +60,9 @@ one flux-sim's --dump-per-rank writes) is written after each step, the map worke
   - hand-written Megatron modules: flux_dump.declare_shard(module, rank, world, dim) ("this
     module's output is shard r of N on dim d"), declare_partial(module) (a row-parallel Linear's
     output before its all-reduce: listed under `partial` beside `sharding`), declare_replicated;
-    `default_entry="replicated"` for every name not declared; declare_flux_tp(model, rank, world)
-    declares a TP that follows FLUX.1's plan in one call.
+    `default_entry="replicated"` for every name not declared; declare_packed_shard(module, rank,
+    world, dim, blocks) for a fused Linear split block by block (several intervals per rank);
+    declare_flux_tp(model, rank, world) declares a TP that follows a FLUX `_tp_plan` in one call.
   `d.declare(name, entry)` sets one entry by hand; `parallel=` keys given by the user are kept.
   Names the dumper cannot place are left out of the map and listed under `unmapped`, with a warning.
   docs/peers.md: the recipe per engine and what flux-oracle reads.
