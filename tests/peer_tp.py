@@ -52,7 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import calculate_shift, tp_cpu_patches  # noqa: E402  (FluxPipeline's mu; diffusers TP on a CPU)
+from peer_diffusers import pipeline_schedule, tp_cpu_patches  # noqa: E402  (FluxPipeline's schedule; diffusers TP on a CPU)
 
 COL = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
        "ff.net.0.proj", "ff_context.net.0.proj"]
@@ -282,11 +282,7 @@ def main():
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
-    c = scheduler.config
-    mu = calculate_shift(S_img, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                         c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / N, N), device="cpu", mu=mu)
-    scheduler.set_begin_index(0)
+    pipeline_schedule(scheduler, S_img, N, flux2=False)    # FluxPipeline's sigmas, mu, retrieve_timesteps
     # the schedule, rank 0's, broadcast to the others (seed 000's setup code)
     timesteps = scheduler.timesteps.float().contiguous()
     if rank != 0:
