@@ -45,7 +45,6 @@ import os
 import sys
 
 import h5py
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
