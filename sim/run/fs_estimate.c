@@ -255,9 +255,8 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
     const int64_t tp = r->tp ? r->tp : 1, U = r->ulysses ? r->ulysses : 1, R = r->ring ? r->ring : 1, sp = U * R;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const uint64_t threads = r->threads ? (uint64_t)r->threads : (uint64_t)(ncpu > 0 ? ncpu : 1);
-    /* F: the MLP up-projection's width per token. FLUX.2's SwiGLU makes 2F (linear_in = [gate |
-     * up]) and copies both halves before silu(gate)·up: its activations are counted as FLUX.1's
-     * with F = 2·mlp_hidden, an upper bound on the extra gate/up temporaries */
+    /* F: the MLP up-projection's width per token (FLUX.2's SwiGLU linear_in makes [gate | up]:
+     * 2·mlp_hidden); FLUX.2's blocks have their own phases below (flux2_dbl, flux2_sgl) */
     const uint64_t D = (uint64_t)c->num_attention_heads * (uint64_t)c->attention_head_dim,
                    F = c->family == FS_FLUX2 ? 2 * (uint64_t)fs_config_mlp_hidden(c) : 4 * D,
                    Dh = (uint64_t)c->attention_head_dim, Dl = D / (uint64_t)tp, Fl = F / (uint64_t)tp;
@@ -395,13 +394,14 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
      * not report: counted as a float32 copy of W, which bounds the blocked bf16 copy (a bf16
      * --tp 2 --check rank of 80 tokens, every GEMM through oneDNN: 110 MiB measured, 96 without
      * it, 2026-11-28) */
-    const int wide_i = es2 && !fs_gemm_bf16_native((int64_t)BSi), wide_j = es2 && !fs_gemm_bf16_native((int64_t)BS);
-    const uint64_t n2 = c->family == FS_FLUX2 ? 1 : 2; /* norm2 kept beside its modulated output (FLUX.1) */
+    const int wide_i = es2 && !fs_gemm_bf16_native((int64_t)BSi), wide_j = es2 && !fs_gemm_bf16_native((int64_t)BS),
+              wide_t = es2 && !fs_gemm_bf16_native((int64_t)BSt);
+    const uint64_t n2 = 2; /* FLUX.1 keeps norm2 beside its modulated output */
     typedef struct { uint64_t live, copy, scratch; } phase; /* elements, float32 elements, bytes */
     /* double block (fs_joint_attention, then the MLPs): the attention's intermediates are freed
      * when it returns, before the MLPs */
-    const uint64_t mods = c->family == FS_FLUX2 ? 0 : mul3(12, Bf, D); /* FLUX.2's are persistent */
-    const phase dbl[] = {
+    const uint64_t mods = mul3(12, Bf, D); /* FLUX.1's per-block modulation chunks */
+    const phase flux1_dbl[] = {
         /* SDPA: the modulated inputs, q/k/v and normed q/k per stream, the joint q/k/v and the
          * output; the kernel upcasts q, k, v, o */
         {add(mul(BS, add(D, 9 * Dl)), mods), mul(BS, 4 * Dl), scratch},
@@ -416,8 +416,8 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         /* the text MLP: the image's norm2/modulated input/MLP output stay until the block returns */
         {add(add(mul(BS, add(2 * D, (n2 + 1) * D)), mul(BSt, 2 * Fl)), mods), es2 ? mul(BSt, 2 * Fl) : 0, 0},
     };
-    const uint64_t m3 = c->family == FS_FLUX2 ? 0 : mul3(3, Bf, D);
-    const phase sgl[] = {
+    const uint64_t m3 = mul3(3, Bf, D);
+    const phase flux1_sgl[] = {
         /* the MLP activation: modulated input, MLP hidden before and after (upcast both) */
         {add(mul(BS, add(D, 2 * Fl)), m3), es2 ? mul(BS, 2 * Fl) : 0, 0},
         /* SDPA: + q, k, v, normed q, k, the output */
@@ -427,14 +427,52 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         {add(mul(BS, add(add(3 * D, 3 * Fl), 7 * Dl)), m3),
          es2 ? add(wide_j ? add(mul(BS, add(Dl, Fl)), mul(BS, D)) : 0, mul(D, add(Dl, Fl))) : 0, 0},
     };
+    /* FLUX.2 (fs_flux2.c), measured 2026-11-28 by the heap's live bytes at each step of the
+     * blocks (flux2-default, 32x32 image + 256 text, batch 2, fp32: the single block's peak is
+     * 34 units of B·S·D above its entry, where the FLUX.1 phases with F = 2·mlp_hidden counted 28:
+     * 140 MiB estimated, 164-176 MiB peak RSS). Fm: mlp_hidden per token on this rank. A block's
+     * tensors (t[] in double_block and single_block) are all freed when it returns, not when their
+     * op is done, and fs_swiglu holds gate, up, silu(gate) and the product at once (4·Fm) on top
+     * of linear_in's [gate | up] (2·Fm). */
+    const uint64_t Fm = Fl / 2;
+    const phase flux2_dbl[] = {
+        /* SDPA and the output projections: as FLUX.1's (the modulations are persistent) */
+        {mul(BS, add(D, 9 * Dl)), mul(BS, 4 * Dl), scratch},
+        {mul(BS, add(2 * D, 10 * Dl)), es2 ? add(wide_i ? mul(BSi, add(Dl, D)) : 0, mul(D, Dl)) : 0, 0},
+        /* the image SwiGLU: xm, cm, both attention outputs; norm2's modulated input, linear_in's
+         * [gate | up] (2·Fm), fs_swiglu's gate, up, silu(gate) and product (4·Fm) */
+        {add(mul(BS, 2 * D), mul(BSi, add(D, 6 * Fm))), es2 ? mul(BSi, 4 * Fm) : 0, 0},
+        /* linear_out: [gate | up], the product and its output (widened: x, W, y in float32) */
+        {add(mul(BS, 2 * D), mul(BSi, add(2 * D, 3 * Fm))), es2 ? add(wide_i ? mul(BSi, add(Fm, D)) : 0, mul(Fm, D)) : 0, 0},
+        /* the text's: the image's modulated input and MLP output stay until the block returns */
+        {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(D, 6 * Fm)))), es2 ? mul(BSt, 4 * Fm) : 0, 0},
+        {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(2 * D, 3 * Fm)))),
+         es2 ? add(wide_t ? mul(BSt, add(Fm, D)) : 0, mul(Fm, D)) : 0, 0},
+    };
+    const phase flux2_sgl[] = {
+        /* to_qkv_mlp_proj: the modulated input and [q | k | v | gate | up] (widened: x, W, y) */
+        {mul(BS, add(D, add(3 * Dl, 2 * Fm))),
+         es2 ? add(wide_j ? mul(BS, add(D, add(3 * Dl, 2 * Fm))) : 0, mul(D, add(3 * Dl, 2 * Fm))) : 0, 0},
+        /* SDPA: + q, k, v and the MLP input copied out of it (3·Dl + 2·Fm), normed q, k, the output */
+        {mul(BS, add(add(D, 9 * Dl), 4 * Fm)), mul(BS, 4 * Dl), scratch},
+        /* the SwiGLU: + its four [.., Fm] (gate, up, silu(gate), the product) */
+        {mul(BS, add(add(D, 9 * Dl), 8 * Fm)), es2 ? mul(BS, 4 * Fm) : 0, 0},
+        /* to_out: + cat[attn, mlp] (Dl + Fm) and its output (widened: x, W, y in float32) */
+        {mul(BS, add(add(2 * D, 10 * Dl), 6 * Fm)),
+         es2 ? add(wide_j ? add(mul(BS, add(Dl, Fm)), mul(BS, D)) : 0, mul(D, add(Dl, Fm))) : 0, 0},
+    };
+    const int f2 = c->family == FS_FLUX2;
+    const phase *dbl = f2 ? flux2_dbl : flux1_dbl, *sgl = f2 ? flux2_sgl : flux1_sgl;
+    const size_t ndbl = f2 ? sizeof flux2_dbl / sizeof *flux2_dbl : sizeof flux1_dbl / sizeof *flux1_dbl,
+                 nsgl = f2 ? sizeof flux2_sgl / sizeof *flux2_sgl : sizeof flux1_sgl / sizeof *flux1_sgl;
     uint64_t dlive = 0, dall = 0, slive = 0, sall = 0, dl_dev = 0, sl_dev = 0;
-    for (size_t k = 0; k < sizeof dbl / sizeof *dbl; k++) {
+    for (size_t k = 0; k < ndbl; k++) {
         const uint64_t live = mul(dbl[k].live, es);
         dlive = max2(dlive, add(live, dbl[k].scratch));
         dall = max2(dall, add(add(live, dbl[k].scratch), es2 ? mul(dbl[k].copy, 4) : 0));
         dl_dev = max2(dl_dev, live); /* a GPU: flash attention, no score blocks or copies */
     }
-    for (size_t k = 0; k < sizeof sgl / sizeof *sgl; k++) {
+    for (size_t k = 0; k < nsgl; k++) {
         const uint64_t live = mul(sgl[k].live, es);
         slive = max2(slive, add(live, sgl[k].scratch));
         sall = max2(sall, add(add(live, sgl[k].scratch), es2 ? mul(sgl[k].copy, 4) : 0));
