@@ -440,12 +440,15 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
         {mul(BS, add(D, 9 * Dl)), mul(BS, 4 * Dl), scratch},
         {mul(BS, add(2 * D, 10 * Dl)), es2 ? add(wide_i ? mul(BSi, add(Dl, D)) : 0, mul(D, Dl)) : 0, 0},
         /* the image SwiGLU: xm, cm, both attention outputs; norm2's modulated input, linear_in's
-         * [gate | up] (2·Fm), fs_swiglu's gate, up, silu(gate) and product (4·Fm) */
-        {add(mul(BS, 2 * D), mul(BSi, add(D, 6 * Fm))), es2 ? mul(BSi, 4 * Fm) : 0, 0},
+         * [gate | up] (2·Fm); fs_swiglu's gate and up, silu(gate) (bf16: silu upcasts its input
+         * and output), then the product (bf16 mul: no copies) */
+        {add(mul(BS, 2 * D), mul(BSi, add(D, 5 * Fm))), es2 ? mul(BSi, 2 * Fm) : 0, 0},
+        {add(mul(BS, 2 * D), mul(BSi, add(D, 6 * Fm))), 0, 0},
         /* linear_out: [gate | up], the product and its output (widened: x, W, y in float32) */
         {add(mul(BS, 2 * D), mul(BSi, add(2 * D, 3 * Fm))), es2 ? add(wide_i ? mul(BSi, add(Fm, D)) : 0, mul(Fm, D)) : 0, 0},
         /* the text's: the image's modulated input and MLP output stay until the block returns */
-        {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(D, 6 * Fm)))), es2 ? mul(BSt, 4 * Fm) : 0, 0},
+        {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(D, 5 * Fm)))), es2 ? mul(BSt, 2 * Fm) : 0, 0},
+        {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(D, 6 * Fm)))), 0, 0},
         {add(mul(BS, 2 * D), add(mul(BSi, 2 * D), mul(BSt, add(2 * D, 3 * Fm)))),
          es2 ? add(wide_t ? mul(BSt, add(Fm, D)) : 0, mul(Fm, D)) : 0, 0},
     };
@@ -455,8 +458,10 @@ int fs_estimate_compute(const fs_estimate_req *r, fs_estimate *out, fs_err *e)
          es2 ? add(wide_j ? mul(BS, add(D, add(3 * Dl, 2 * Fm))) : 0, mul(D, add(3 * Dl, 2 * Fm))) : 0, 0},
         /* SDPA: + q, k, v and the MLP input copied out of it (3·Dl + 2·Fm), normed q, k, the output */
         {mul(BS, add(add(D, 9 * Dl), 4 * Fm)), mul(BS, 4 * Dl), scratch},
-        /* the SwiGLU: + its four [.., Fm] (gate, up, silu(gate), the product) */
-        {mul(BS, add(add(D, 9 * Dl), 8 * Fm)), es2 ? mul(BS, 4 * Fm) : 0, 0},
+        /* the SwiGLU: + gate, up and silu(gate) (bf16: silu's input and output upcast), then the
+         * product: four [.., Fm] */
+        {mul(BS, add(add(D, 9 * Dl), 7 * Fm)), es2 ? mul(BS, 2 * Fm) : 0, 0},
+        {mul(BS, add(add(D, 9 * Dl), 8 * Fm)), 0, 0},
         /* to_out: + cat[attn, mlp] (Dl + Fm) and its output (widened: x, W, y in float32) */
         {mul(BS, add(add(2 * D, 10 * Dl), 6 * Fm)),
          es2 ? add(wide_j ? add(mul(BS, add(Dl, Fm)), mul(BS, D)) : 0, mul(D, add(Dl, Fm))) : 0, 0},
