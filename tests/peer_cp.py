@@ -38,15 +38,14 @@ Planted at run time around the forward op; diffusers is not edited.
 (its time embedding module's forward wrapped at run time).
 """
 import argparse
-import json
 import os
 import sys
 
-import h5py
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import cpu_patches, pipeline_schedule   # noqa: E402
+from peer_diffusers import (cpu_patches, dumped_loop, load_reference_model, pipeline_inputs,  # noqa: E402
+                            pipeline_schedule, read_inputs)
 
 
 def anything_patches():
@@ -111,36 +110,17 @@ def main():
 
     import diffusers
     from diffusers import ContextParallelConfig, FlowMatchEulerDiscreteScheduler
-    from safetensors.torch import load_file
-    from flux_dump import FluxDumper, pipeline_timesteps
+    from flux_dump import FluxDumper
     f2 = a.family == "flux2"
     if f2:
         from diffusers import Flux2Transformer2DModel as Model
     else:
         from diffusers import FluxTransformer2DModel as Model
 
-    cfg = json.load(open(os.path.join(a.refdir, "config.json")))
-    model = Model.from_config(cfg).to(torch.float32).eval()
-    missing, unexpected = model.load_state_dict(load_file(os.path.join(a.refdir, "weights.safetensors")), strict=True)
-    assert not missing and not unexpected, (missing, unexpected)
-
-    with h5py.File(a.inputs or os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
-        inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
-        sched_cfg = (json.loads(ref.attrs["scheduler_config"]) if "scheduler_config" in ref.attrs else
-                     {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
-                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096})
-    dt = torch.float32
-    latents = inp["hidden_states"].to(dt)
-    prompt_embeds = inp["encoder_hidden_states"].to(dt)
-    B, S_img = latents.shape[0], latents.shape[1]
-    guidance = torch.full([1], float(inp["guidance"][0]), dtype=dt).expand(B) if "guidance" in inp else None
-    pooled = None
-    if f2:
-        img_ids = inp["img_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
-        txt_ids = inp["txt_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
-    else:
-        img_ids, txt_ids = inp["img_ids"].float(), inp["txt_ids"].float()
-        pooled = inp["pooled_projections"].float()
+    model, cfg = load_reference_model(Model, a.refdir, torch.float32)
+    inp, sched_cfg = read_inputs(a.inputs or os.path.join(a.refdir, "dump_fp32.h5"))
+    x = pipeline_inputs(inp, torch.float32, f2)
+    S_img = x["latents"].shape[1]
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
@@ -162,21 +142,7 @@ def main():
     producer = (f"diffusers {diffusers.__version__} {Model.__name__} + enable_parallelism({what}) + flux_dump; "
                 f"torch {torch.__version__} CPU")
     with torch.no_grad(), FluxDumper(path, model, producer=producer) as d:
-        d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
-                       img_ids=img_ids, txt_ids=txt_ids, guidance=guidance, sigmas=scheduler.sigmas,
-                       timesteps=pipeline_timesteps(timesteps, latents.dtype))
-        for i, t in enumerate(timesteps):
-            timestep = t.expand(B).to(latents.dtype) / 1000
-            with d.step(i, timestep=timestep, sigma=scheduler.sigmas[i], sigma_next=scheduler.sigmas[i + 1]):
-                d.record("latents_in", latents)
-                args = dict(hidden_states=latents, timestep=timestep, guidance=guidance,
-                            encoder_hidden_states=prompt_embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False)
-                if not f2:
-                    args["pooled_projections"] = pooled
-                v = model(**args)[0]
-                latents = scheduler.step(v, t, latents, return_dict=False)[0]
-                d.record("latents_out", latents)
-        d.final(latents)
+        dumped_loop(d, model, scheduler, timesteps, x, f2)
     dist.barrier()
     dist.destroy_process_group()
     print(f"peer_cp: {a.family} rank {rank}/{world} ({what}), diffusers {diffusers.__version__}: {path} ({N} steps)")

@@ -80,6 +80,69 @@ def pipeline_schedule(scheduler, S_img, N, flux2):
     return scheduler.timesteps
 
 
+def load_reference_model(Model, refdir, dt):
+    """Model (FluxTransformer2DModel or Flux2...) from REFDIR/config.json, every weight of
+    REFDIR/weights.safetensors loaded strictly, in dtype dt; returns (model, config)."""
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(refdir, "config.json")))
+    model = Model.from_config(cfg).to(dt).eval()
+    missing, unexpected = model.load_state_dict(load_file(os.path.join(refdir, "weights.safetensors")), strict=True)
+    assert not missing and not unexpected, (missing, unexpected)
+    return model, cfg
+
+
+def read_inputs(path):
+    """A dump's /inputs as tensors and its scheduler config; a flux-sim dump has none: FLUX.1-dev's,
+    which FLUX.2 ships too (its pipelines differ only in mu)."""
+    with h5py.File(path, "r") as ref:
+        inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
+        sched_cfg = (json.loads(ref.attrs["scheduler_config"]) if "scheduler_config" in ref.attrs else
+                     {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
+                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096})
+    return inp, sched_cfg
+
+
+def pipeline_inputs(inp, dt, flux2):
+    """What the pipeline hands the transformer: latents and prompt embeddings in dt; FLUX.2's ids as
+    Flux2Pipeline's _prepare_latent_ids / _prepare_text_ids make them (int64 [B, S, 4]), FLUX.1's
+    as FluxPipeline's ([S, 3], float) with the pooled vector; guidance in float32 (float64 for a
+    float64 run), None without a guidance embedder (klein, FLUX.1-schnell)."""
+    x = dict(latents=inp["hidden_states"].to(dt), prompt_embeds=inp["encoder_hidden_states"].to(dt), pooled=None)
+    B = x["latents"].shape[0]
+    gdt = torch.float64 if dt == torch.float64 else torch.float32
+    x["guidance"] = torch.full([1], float(inp["guidance"][0]), dtype=gdt).expand(B) if "guidance" in inp else None
+    if flux2:
+        x["img_ids"] = inp["img_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
+        x["txt_ids"] = inp["txt_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
+    else:
+        x["img_ids"], x["txt_ids"] = inp["img_ids"].float(), inp["txt_ids"].float()
+        x["pooled"] = inp["pooled_projections"].float()
+    return x
+
+
+def dumped_loop(d, model, scheduler, timesteps, x, flux2):
+    """The pipeline's Euler loop, dumped: /inputs, then per step latents_in, the transformer call
+    (the hooks record every module), scheduler.step, latents_out; the final latents."""
+    from flux_dump import pipeline_timesteps
+    latents, B = x["latents"], x["latents"].shape[0]
+    d.write_inputs(hidden_states=latents, encoder_hidden_states=x["prompt_embeds"], pooled_projections=x["pooled"],
+                   img_ids=x["img_ids"], txt_ids=x["txt_ids"], guidance=x["guidance"], sigmas=scheduler.sigmas,
+                   timesteps=pipeline_timesteps(timesteps, latents.dtype))
+    for i, t in enumerate(timesteps):
+        timestep = t.expand(B).to(latents.dtype) / 1000
+        with d.step(i, timestep=timestep, sigma=scheduler.sigmas[i], sigma_next=scheduler.sigmas[i + 1]):
+            d.record("latents_in", latents)
+            args = dict(hidden_states=latents, timestep=timestep, guidance=x["guidance"],
+                        encoder_hidden_states=x["prompt_embeds"], txt_ids=x["txt_ids"], img_ids=x["img_ids"],
+                        return_dict=False)
+            if not flux2:
+                args["pooled_projections"] = x["pooled"]
+            v = model(**args)[0]
+            latents = scheduler.step(v, t, latents, return_dict=False)[0]
+            d.record("latents_out", latents)
+    d.final(latents)
+
+
 def cpu_patches():
     import diffusers.models.attention_dispatch as ad
     if torch.accelerator.device_count() == 0:                       # patch 1
@@ -162,7 +225,6 @@ def main():
 
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from safetensors.torch import load_file
     from flux_dump import FluxDumper, pipeline_timesteps
     f2 = a.family == "flux2"
     if f2:
@@ -177,32 +239,13 @@ def main():
         rank, world = dist.get_rank(), dist.get_world_size()
         cpu_patches() if a.cp else tp_cpu_patches()
 
-    cfg = json.load(open(os.path.join(a.refdir, "config.json")))
     dt = torch.float64 if a.fp64 else torch.bfloat16 if a.bf16 else torch.float32
-    model = Model.from_config(cfg).to(dt).eval()
-    missing, unexpected = model.load_state_dict(load_file(os.path.join(a.refdir, "weights.safetensors")), strict=True)
-    assert not missing and not unexpected, (missing, unexpected)
-
-    with h5py.File(a.inputs or os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
-        inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
-        # the reference's scheduler config; a flux-sim dump has none: FLUX.1-dev's, which FLUX.2
-        # ships too (its pipelines differ only in mu)
-        sched_cfg = (json.loads(ref.attrs["scheduler_config"]) if "scheduler_config" in ref.attrs else
-                     {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5,
-                      "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096})
-    latents = inp["hidden_states"].to(dt)
-    prompt_embeds = inp["encoder_hidden_states"].to(dt)
+    model, cfg = load_reference_model(Model, a.refdir, dt)
+    inp, sched_cfg = read_inputs(a.inputs or os.path.join(a.refdir, "dump_fp32.h5"))
+    x = pipeline_inputs(inp, dt, f2)
+    latents, prompt_embeds, pooled, guidance = x["latents"], x["prompt_embeds"], x["pooled"], x["guidance"]
+    img_ids, txt_ids = x["img_ids"], x["txt_ids"]
     B, S_img = latents.shape[0], latents.shape[1]
-    # klein and FLUX.1-schnell have no guidance embedder: the pipelines pass guidance=None
-    guidance = (torch.full([1], float(inp["guidance"][0]), dtype=torch.float64 if a.fp64 else torch.float32).expand(B)
-                if "guidance" in inp else None)
-    pooled = None
-    if f2:   # Flux2Pipeline's _prepare_latent_ids / _prepare_text_ids: int64 [B, S, 4]
-        img_ids = inp["img_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
-        txt_ids = inp["txt_ids"].round().to(torch.int64).unsqueeze(0).expand(B, -1, -1)
-    else:    # FluxPipeline: [S, 3] in the latents' dtype
-        img_ids, txt_ids = inp["img_ids"].float(), inp["txt_ids"].float()
-        pooled = inp["pooled_projections"].float()
 
     neg = None   # true CFG: the pipelines' second call on the negative prompt
     if a.true_cfg:

@@ -40,18 +40,17 @@ rank writes OUTDIR/rank_<r>.h5. Heads are split across ranks: the processor resh
   zeros: ranks > 0 run with timestep 0 (and record it, as the recipe records what is passed).
 """
 import argparse
-import json
 import os
 import sys
 
-import h5py
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_diffusers import pipeline_schedule, tp_cpu_patches  # noqa: E402  (FluxPipeline's schedule; diffusers TP on a CPU)
+from peer_diffusers import (dumped_loop, load_reference_model, pipeline_inputs, pipeline_schedule,  # noqa: E402
+                            read_inputs, tp_cpu_patches)
 
 COL = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
        "ff.net.0.proj", "ff_context.net.0.proj"]
@@ -256,28 +255,17 @@ def main():
 
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from safetensors.torch import load_file
-    from flux_dump import FluxDumper, pipeline_timesteps
+    from flux_dump import FluxDumper
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    cfg = json.load(open(os.path.join(a.refdir, "config.json")))
-    model = FluxTransformer2DModel.from_config(cfg).float().eval()
-    missing, unexpected = model.load_state_dict(load_file(os.path.join(a.refdir, "weights.safetensors")), strict=True)
-    assert not missing and not unexpected, (missing, unexpected)
+    model, cfg = load_reference_model(FluxTransformer2DModel, a.refdir, torch.float32)
     if cfg["num_attention_heads"] % world:
         raise SystemExit(f"{cfg['num_attention_heads']} heads do not split over {world} ranks")
-
-    with h5py.File(os.path.join(a.refdir, "dump_fp32.h5"), "r") as ref:
-        inp = {k: torch.from_numpy(ref["inputs"][k][...]) for k in ref["inputs"]}
-        sched_cfg = json.loads(ref.attrs["scheduler_config"])
-    latents = inp["hidden_states"].float()
-    prompt_embeds = inp["encoder_hidden_states"].float()
-    pooled = inp["pooled_projections"].float()
-    img_ids, txt_ids = inp["img_ids"].float(), inp["txt_ids"].float()
-    B, S_img = latents.shape[0], latents.shape[1]
-    guidance = torch.full([1], float(inp["guidance"][0]), dtype=torch.float32).expand(B)
+    inp, sched_cfg = read_inputs(os.path.join(a.refdir, "dump_fp32.h5"))
+    x = pipeline_inputs(inp, torch.float32, flux2=False)
+    S_img = x["latents"].shape[1]
 
     N = a.steps
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
@@ -308,18 +296,7 @@ def main():
     with torch.no_grad(), FluxDumper(os.path.join(a.out, "rank_{rank}.h5"), model, producer=producer, **kw) as d:
         if planned:
             to_local_after_dump(planned)
-        d.write_inputs(hidden_states=latents, encoder_hidden_states=prompt_embeds, pooled_projections=pooled,
-                       img_ids=img_ids, txt_ids=txt_ids, guidance=guidance, sigmas=scheduler.sigmas,
-                       timesteps=pipeline_timesteps(timesteps, latents.dtype))
-        for i, t in enumerate(timesteps):
-            timestep = t.expand(B).to(latents.dtype) / 1000
-            with d.step(i, timestep=timestep, sigma=scheduler.sigmas[i], sigma_next=scheduler.sigmas[i + 1]):
-                d.record("latents_in", latents)
-                v = model(hidden_states=latents, timestep=timestep, guidance=guidance, pooled_projections=pooled,
-                          encoder_hidden_states=prompt_embeds, txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
-                latents = scheduler.step(v, t, latents, return_dict=False)[0]
-                d.record("latents_out", latents)
-        d.final(latents)
+        dumped_loop(d, model, scheduler, timesteps, x, flux2=False)
     dist.barrier()
     dist.destroy_process_group()
     print(f"peer_tp: {a.tp} rank {rank}/{world}: {a.out} ({N} steps)")
