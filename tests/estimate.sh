@@ -89,16 +89,21 @@ mem_error() {
   rss_lines | awk -v e="$est" '{ m = $2 / 1024; d = (e - m) / m; if (!n++ || (d < 0 ? -d : d) > (w < 0 ? -w : w)) { w = d; at = m } }
                                 END { printf "%.4f %s %.0f %d", w, e, at, n }'
 }
+# within_10 NP ARGS: the estimate within 10% of the worst rank's peak RSS, either way
+within_10() {
+  local np=$1; shift
+  local args="$*" w est at n
+  read -r w est at n < <(mem_error "$np" "$@")
+  if [ "$n" -eq "$np" ] && awk -v w="$w" 'BEGIN { exit !(w <= 0.10 && w >= -0.10) }'; then
+    ok "np $np ${args#--config }: estimate $est MiB per rank, peak RSS $at MiB on the worst rank ($(awk -v w="$w" 'BEGIN{printf "%+.1f", 100*w}')%)"
+  else bad "np $np $args: estimate $est MiB, worst rank $at MiB (off by $w; $n of $np ranks measured)"; tail -3 "$T/out"; fi
+}
 if [ -z "${FLUX_SANITIZE:-}" ]; then
   C="--config default --grid 32x32 --txt-len 512 --batch 4 --steps 1"
   P="--config default --grid 63x65 --txt-len 31 --batch 4 --steps 1"
   for L in "2|$C --ulysses 2 --text replicated" "2|$C --ring 2 --text replicated" "2|$P --ring 2 --ring-rotate p2p --pad mask" \
            "1|${C/--batch 4/--batch 2} --true-cfg-scale 4 --cfg-batched" "2|${C/--grid 32x32 --txt-len 512 --batch 4/--grid 64x64 --txt-len 512 --batch 2} --true-cfg-scale 4 --cfg-parallel"; do
-    np=${L%%|*}; args=${L#*|}
-    read -r w est at n < <(mem_error "$np" $args)
-    if [ "$n" -eq "$np" ] && awk -v w="$w" 'BEGIN { exit !(w <= 0.10 && w >= -0.10) }'; then
-      ok "np $np ${args#--config default }: estimate $est MiB per rank, peak RSS $at MiB on the worst rank ($(awk -v w="$w" 'BEGIN{printf "%+.1f", 100*w}')%)"
-    else bad "np $np $args: estimate $est MiB, worst rank $at MiB (off by $w; $n of $np ranks measured)"; tail -3 "$T/out"; fi
+    within_10 "${L%%|*}" ${L#*|}
   done
   # FLUX.2's own blocks (fs_estimate.c flux2_dbl, flux2_sgl): before they were modelled (FLUX.1's
   # phases with F = 2·mlp_hidden) the estimate was 11-18% low (32x32 + 256 text, batch 2: one rank
@@ -109,11 +114,7 @@ if [ -z "${FLUX_SANITIZE:-}" ]; then
   # -6% to -12% there, -4% to -6% at 64x64 (measured 2026-11-28).
   F2="--config flux2-default --txt-len 256 --batch 2 --steps 2"
   for L in "1|$F2 --grid 64x64" "2|$F2 --grid 32x32 --tp 2" "2|$F2 --grid 32x32 --ulysses 2"; do
-    np=${L%%|*}; args=${L#*|}
-    read -r w est at n < <(mem_error "$np" $args)
-    if [ "$n" -eq "$np" ] && awk -v w="$w" 'BEGIN { exit !(w <= 0.10 && w >= -0.10) }'; then
-      ok "np $np ${args#--config }: estimate $est MiB per rank, peak RSS $at MiB on the worst rank ($(awk -v w="$w" 'BEGIN{printf "%+.1f", 100*w}')%)"
-    else bad "np $np $args: estimate $est MiB, worst rank $at MiB (off by $w; $n of $np ranks measured)"; tail -3 "$T/out"; fi
+    within_10 "${L%%|*}" ${L#*|}
   done
   # The KV cache on FLUX.2: it must not add to the error of the same run without reference images
   # (-6.5% under Ulysses 2 since FLUX.2's blocks are modelled; -13% before) — within 5 points of

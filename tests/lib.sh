@@ -92,6 +92,24 @@ expect_refusals() {
   done
 }
 
+# expect_caught EXTRA SPEC...: each SPEC "NP|OPTIONS|MODULE[|WANT]" runs `run NP EXTRA OPTIONS` (the
+# calling test's run function, with --check) and passes when it exits 1 with "flux-sim --check:
+# DIVERGED at step 0, MODULE" and a line containing WANT (default: the ranks that hold it,
+# "held by rank(s) N...").
+expect_caught() {
+  local extra=$1 c n opts mod want out rc held; shift
+  for c in "$@"; do
+    IFS='|' read -r n opts mod want <<<"$c"
+    # shellcheck disable=SC2086
+    out=$(run "$n" $extra $opts); rc=$?
+    held=$(grep -o 'held by rank(s) [0-9][0-9, ]*' <<<"$out" | head -1)
+    if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step 0, $mod" <<<"$out" &&
+       if [ -n "$want" ]; then grep -qF -- "$want" <<<"$out"; else [ -n "$held" ]; fi; then
+      ok "${extra:+$extra }$opts: caught at step 0 $mod${held:+ ($held)}"
+    else bad "${extra:+$extra }$opts: exit $rc, expected DIVERGED at step 0 $mod${want:+ ($want)}"; head -6 <<<"$out"; fi
+  done
+}
+
 # same_as_default WHAT SPEC...: each SPEC "NP|OPTIONS": a one-step dump with OPTIONS and one with
 # OPTIONS WHAT (in $T, from tmpdir) must be bit-identical (flux-oracle diff at tolerance 0).
 same_as_default() {

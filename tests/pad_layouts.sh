@@ -67,14 +67,7 @@ CAUGHT=(
   "4|--ulysses 2 --ring 2 $G --pad mask --ring-rotate p2p --inject pad-mask-ignored|$A1|held by rank(s)"
   "2|$F2 --ring 2 $G --pad mask --inject pad-mask-ignored|transformer_blocks.0.attn.to_add_out|held by rank(s)"
 )
-for c in "${CAUGHT[@]}"; do
-  IFS='|' read -r n opts mod want <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" $opts); rc=$?
-  if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step 0, $mod" <<<"$out" && grep -qF -- "$want" <<<"$out"; then
-    ok "$opts: caught at step 0 $mod"
-  else bad "$opts: exit $rc, expected DIVERGED at step 0 $mod ($want)"; head -6 <<<"$out"; fi
-done
+expect_caught "" "${CAUGHT[@]}"
 
 # 4. refusals (exit 2, one line)
 REFUSED=(

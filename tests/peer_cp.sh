@@ -76,6 +76,14 @@ cp_pass() {   # cp_pass WHAT NP WEIGHTS DIR -- FAMILY REFDIR ARGS...: the run, i
   if [ $rc -eq 0 ] && grep -q '^PASS' <<<"$out"; then ok "$what: flux-oracle diff DIR REF exit 0: $(grep '^PASS' <<<"$out" | cut -d';' -f1)"
   else bad "$what: flux-oracle diff exit $rc: $(grep -E '^>>|^PASS|^DIVERGE|error' <<<"$out" | head -n 3)"; return 1; fi
 }
+synth_ref() {   # synth_ref DIR FLUX-SIM-ARGS...: a reference folder for DIR/config.json as the driver reads one:
+  # make-checkpoint's float32 weights (seed 7) as DIR/weights.safetensors, flux-sim's inputs of a
+  # 2-step run as DIR/dump_fp32.h5; its log in DIR/log
+  local d=$1; shift
+  "$B/make-checkpoint" -q --config "$d/config.json" --dtype f32 --weights-seed 7 "$d/ck" >"$d/log" 2>&1 &&
+    cp "$d/ck/diffusion_pytorch_model.safetensors" "$d/weights.safetensors" &&
+    "$SIM" --weights "$d/weights.safetensors" "$@" --steps 2 --dump "$d/dump_fp32.h5" -q </dev/null >>"$d/log" 2>&1
+}
 pmap() {   # pmap FILE EXPR: EXPR on the file's parallel attribute p
   "$PY" -c "import h5py, json, sys; p = json.loads(h5py.File(sys.argv[1], 'r').attrs['parallel']); print(eval(sys.argv[2]))" "$1" "$2" 2>&1
 }
@@ -94,9 +102,7 @@ U5=$T/h5; mkdir -p "$U5"
 cat >"$U5/config.json" <<'JSON'
 {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 8, "out_channels": null, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 5, "joint_attention_dim": 32, "pooled_projection_dim": 16, "guidance_embeds": true, "axes_dims_rope": [4, 6, 6]}
 JSON
-if "$B/make-checkpoint" -q --config "$U5/config.json" --dtype f32 --weights-seed 7 "$U5/ck" >"$U5/log" 2>&1 &&
-   cp "$U5/ck/diffusion_pytorch_model.safetensors" "$U5/weights.safetensors" &&
-   "$SIM" --weights "$U5/weights.safetensors" --grid 5x5 --txt-len 7 --batch 2 --steps 2 --dump "$U5/dump_fp32.h5" -q </dev/null >>"$U5/log" 2>&1; then
+if synth_ref "$U5" --grid 5x5 --txt-len 7 --batch 2; then
   if cp_pass "FLUX.1 5 heads of 16, Ulysses 3 ulysses_anything (7 + 25 tokens, batch 2; heads padded to 6)" 3 "$U5/weights.safetensors" "$T/u5-uly3" -- flux1 "$U5" --ulysses 3 --anything; then
     got=$(pmap "$T/u5-uly3/rank_1.h5" "(p['mesh']['ulysses'], p['sharding']['x_embedder']['ranges'], p['sharding']['pos_embed#0']['ranges'][1])")
     [ "$got" = "(3, [[[0, 9]], [[9, 17]], [[17, 25]]], [[3, 5], [16, 24]])" ] && ok "Ulysses 3 map: image 9/8/8, rank 1's joint RoPE rows text 3-5 + image 16-24" ||
@@ -149,9 +155,7 @@ else
   cat >"$O/config.json" <<'JSON'
 {"_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 8, "out_channels": null, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 8, "num_attention_heads": 8, "joint_attention_dim": 32, "pooled_projection_dim": 16, "guidance_embeds": true, "axes_dims_rope": [2, 2, 4]}
 JSON
-  if "$B/make-checkpoint" -q --config "$O/config.json" --dtype f32 --weights-seed 7 "$O/ck" >"$O/log" 2>&1 &&
-     cp "$O/ck/diffusion_pytorch_model.safetensors" "$O/weights.safetensors" &&
-     "$SIM" --weights "$O/weights.safetensors" --grid 3x4 --txt-len 4 --steps 2 --dump "$O/dump_fp32.h5" -q </dev/null >>"$O/log" 2>&1; then
+  if synth_ref "$O" --grid 3x4 --txt-len 4; then
     cp_pass "control: diffusers 0.42.1, ring 2, 8 heads of 8, 2 + 6 tokens per rank" 2 "$O/weights.safetensors" "$T/new-sil" -- flux1 "$O" --ring 2
     if cp_run 2 "$T/old-sil" "$OLD" -- flux1 "$O" --ring 2 && grep -q "diffusers 0.37.1: " "$T/old-sil.log.0"; then
       ok "diffusers 0.37.1, same config: runs to the end without an error ($(tail -n 1 "$T/old-sil.log.0" | cut -c1-80)...)"

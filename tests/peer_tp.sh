@@ -61,6 +61,16 @@ j = json.load(open(sys.argv[1])); d = j.get('first_divergence') or {}
 print(j['verdict'], d.get('step'), d.get('group'), d.get('name'), d.get('ranks'), len(j['datasets']), len(j.get('only_in_a', [])))" "$1.json" 2>&1)"
 }
 
+proj_out_caught() {   # proj_out_caught WHAT DIR TP: seed 000's contiguous proj_out planted under --tp TP must
+  # stop flux-oracle diff DIR REF with exit 1 at step 0 single_transformer_blocks.0.proj_out, ranks 0,1
+  if tp2 "$2" --tp "$3" --bug proj-out-contiguous; then
+    local got; got=$(verdict "$2" "$REFH")
+    [[ "$got" == "1 diverge 0 /step_0000 single_transformer_blocks.0.proj_out [0, 1] "* ]] &&
+      ok "$1: exit 1, first divergence step 0 single_transformer_blocks.0.proj_out, ranks 0,1" ||
+      bad "$1: $got $(head -c 300 "$2.err")"
+  else bad "$1: the run failed: $(tail -n 4 "$2.log.0")"; fi
+}
+
 # ---- a. Megatron, the seeds' _Col/_Row ----
 M=$T/megatron REFH=$T/ref.h5
 if ! tp2 "$M" --tp megatron; then
@@ -94,12 +104,7 @@ if [ -f "$REFH" ]; then
     else bad "Megatron --row-inline assemble: $(tail -n 2 "$T/meg-asm.log") $(tail -n 2 <<<"$out")"; fi
   else bad "Megatron --row-inline run failed: $(tail -n 4 "$T/meg-inline.log.0")"; fi
 
-  if tp2 "$T/meg-proj" --tp megatron --bug proj-out-contiguous; then
-    got=$(verdict "$T/meg-proj" "$REFH")
-    [[ "$got" == "1 diverge 0 /step_0000 single_transformer_blocks.0.proj_out [0, 1] "* ]] &&
-      ok "seed 000 TP-1 (proj_out by contiguous columns), Megatron: exit 1, first divergence step 0 single_transformer_blocks.0.proj_out, ranks 0,1 (after the all-reduce: every rank)" ||
-      bad "seed 000 TP-1, Megatron: $got $(head -c 300 "$T/meg-proj.err")"
-  else bad "Megatron TP-1 run failed: $(tail -n 4 "$T/meg-proj.log.0")"; fi
+  proj_out_caught "seed 000 TP-1 (proj_out by contiguous columns), Megatron" "$T/meg-proj" megatron
 
   if tp2 "$T/meg-ts" --tp megatron --bug timestep-temporary; then
     got=$(verdict "$T/meg-ts" "$REFH")
@@ -137,12 +142,7 @@ print(p['engine'], p['dtensor_mesh'], json.dumps(sh['transformer_blocks.0.ff.net
     [ $rc -eq 0 ] && grep -q '^PASS: 0 of 369' <<<"$out" && ok "DTensor: flux-oracle assemble DIR -o G.h5, G vs REF: $(grep '^PASS' <<<"$out")" ||
       bad "DTensor assembled vs REF: exit $rc $(tail -n 2 <<<"$out")"
   else bad "DTensor assemble: $(tail -n 2 "$T/asm.log")"; fi
-  if tp2 "$T/dt-proj" --tp dtensor --bug proj-out-contiguous; then
-    got=$(verdict "$T/dt-proj" "$REFH")
-    [[ "$got" == "1 diverge 0 /step_0000 single_transformer_blocks.0.proj_out [0, 1] "* ]] &&
-      ok "plain RowwiseParallel on proj_out (seed 000 TP-1 through DTensor): exit 1, first divergence step 0 single_transformer_blocks.0.proj_out, ranks 0,1" ||
-      bad "DTensor TP-1: $got $(head -c 300 "$T/dt-proj.err")"
-  else bad "DTensor TP-1 run failed: $(tail -n 4 "$T/dt-proj.log.0")"; fi
+  proj_out_caught "plain RowwiseParallel on proj_out (seed 000 TP-1 through DTensor)" "$T/dt-proj" dtensor
 fi
 
 # ---- c. diffusers' own tensor parallelism (enable_parallelism(config=TensorParallelConfig(tp_degree=2)),

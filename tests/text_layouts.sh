@@ -69,14 +69,7 @@ CAUGHT=(
   "4|--config odd --ulysses 2 --ring 2 $G --inject replicated-kv-a2a|$A1"
   "2|$F2 --ulysses 2 --precision bf16 --inject replicated-kv-a2a|$A2"
 )
-for c in "${CAUGHT[@]}"; do
-  IFS='|' read -r n opts mod <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" --text replicated $opts); rc=$?
-  if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step 0, $mod" <<<"$out" && grep -q "held by rank(s) [0-9]" <<<"$out"; then
-    ok "$opts: caught at step 0 $mod ($(grep -o 'held by rank(s) [0-9, ]*' <<<"$out" | head -1))"
-  else bad "$opts: exit $rc, expected DIVERGED at step 0 $mod"; head -6 <<<"$out"; fi
-done
+expect_caught "--text replicated" "${CAUGHT[@]}"
 
 # 5. refused where they cannot fire (exit 2, one line naming the cause), and the options' errors
 REFUSED=(

@@ -48,14 +48,7 @@ CAUGHT=(
   "4|--ulysses 2 --ring 2 --mesh-order ring-inner $G --ring-rotate p2p|$A1"
   "4|--config flux2-default --ulysses 2 --ring 2 --precision bf16|transformer_blocks.0.attn.to_add_out"
 )
-for c in "${CAUGHT[@]}"; do
-  IFS='|' read -r n opts mod <<<"$c"
-  # shellcheck disable=SC2086
-  out=$(run "$n" $opts --inject a2a-world-group); rc=$?
-  if [ $rc -eq 1 ] && grep -qxF "flux-sim --check: DIVERGED at step 0, $mod" <<<"$out" && grep -q "held by rank(s) [0-9]" <<<"$out"; then
-    ok "a2a-world-group $opts: caught at step 0 $mod ($(grep -o 'held by rank(s) [0-9, ]*' <<<"$out" | head -1))"
-  else bad "a2a-world-group $opts: exit $rc, expected DIVERGED at step 0 $mod"; head -6 <<<"$out"; fi
-done
+expect_caught "--inject a2a-world-group" "${CAUGHT[@]}"
 
 # 4. refusals (exit 2, one line)
 REFUSED=(
